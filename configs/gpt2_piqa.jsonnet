@@ -1,0 +1,65 @@
+// Fine-tune a causal LM on PIQA and evaluate it the way lm-evaluation-harness's `piqa` task does.
+//
+//   tango run configs/gpt2_piqa.jsonnet -w workspace -D device_count=2
+//
+// External variables (`-D name=value`; the defaults live in tango.yml's `environment`, because
+// Jsonnet cannot default a missing external variable):
+//   model          Hugging Face model id or local directory (weights, config, tokenizer)   gpt2
+//   data_dir       directory with the official PIQA files; empty = download them           ""
+//   train_steps    optimizer steps; 0 = evaluate the model as it is                        2000
+//   device_count   processes / devices for training                                         1
+//   engine         ddp | fairscale | fsdp2 | pipe                                           fairscale
+//   precision      auto | 32-true | bf16-mixed | 16-mixed | bf16-true                      auto
+//   batch_size     examples per optimizer step, over all devices                            16
+//   lr             AdamW learning rate                                                      1e-5
+//   seed           seed of the data order                                                   42
+//   validate_every steps between in-training PIQA validation accuracies                    500
+//   limit          at most this many examples per split; 0 = all                            0
+//
+// Steps: `piqa` (data), `trained_model` (absent when train_steps=0), `predictions` and `metrics`
+// (validation split: acc, acc_norm, their standard errors, num_examples).
+local engines = import 'lib/engines.libsonnet';
+
+local int(name) = std.parseInt(std.extVar(name));
+local model_path = std.extVar('model');
+local data_dir = std.extVar('data_dir');
+local train_steps = int('train_steps');
+local limit = int('limit');
+
+local model = { type: 'tango_fairscale::causal_lm', model: model_path };
+local ref(name) = { type: 'ref', ref: name };
+
+assert train_steps >= 0 : 'train_steps must be 0 (evaluate only) or positive, got %d' % train_steps;
+assert limit >= 0 : 'limit must be 0 (all examples) or positive, got %d' % limit;
+
+{
+  steps: {
+    piqa: {
+      type: 'tango_fairscale::piqa',
+      data_dir: if data_dir == '' then null else data_dir,
+      limit: if limit == 0 then null else limit,
+    },
+    [if train_steps > 0 then 'trained_model']: {
+      type: 'tango_fairscale::train',
+      model: model,
+      engine: engines.engine(std.extVar('engine'), std.extVar('precision'),
+                             std.parseJson(std.extVar('lr'))),
+      dataset_dict: ref('piqa'),
+      train_steps: train_steps,
+      batch_size: int('batch_size'),
+      seed: int('seed'),
+      device_count: int('device_count'),
+      validate_every: int('validate_every'),
+    },
+    predictions: {
+      type: 'tango_fairscale::piqa_predictions',
+      model: if train_steps > 0 then ref('trained_model') else model,
+      dataset_dict: ref('piqa'),
+      split: 'validation',
+    },
+    metrics: {
+      type: 'tango_fairscale::piqa_metrics',
+      predictions: ref('predictions'),
+    },
+  },
+}

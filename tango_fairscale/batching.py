@@ -1,0 +1,167 @@
+"""PIQA instances → token queries → padded batches.
+
+One job: turn PIQA examples into the token sequences that both training and scoring use, exactly as
+lm-evaluation-harness's ``piqa`` task defines them:
+
+* context ``"Question: {goal}\\nAnswer:"``, continuations ``" " + sol1`` and ``" " + sol2``;
+* ``_encode_pair``: tokenize ``context + continuation`` and take the tokens after the context's own
+  token count (trailing spaces of the context move to the continuation first);
+* left truncation: the model sees at most ``max_length + 1`` tokens of ``context + continuation``.
+
+A batch is a dict of three ``(B, L)`` tensors: ``input_ids``, ``attention_mask`` (1 on real tokens)
+and ``labels`` (the token id on continuation tokens, ``-100`` on context and padding).
+:meth:`tango_fairscale.model.ModelWrapper.forward` scores position ``t`` from positions ``< t``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+IGNORE_INDEX = -100
+
+
+@dataclass(frozen=True)
+class Query:
+    """One (context, continuation) pair, tokenized and truncated for a model of ``max_length``."""
+
+    tokens: tuple[int, ...]  # context + continuation, left-truncated to max_length + 1
+    continuation_length: int  # how many of the last ``tokens`` are scored
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+def piqa_context(goal: str) -> str:
+    return f"Question: {goal}\nAnswer:"
+
+
+def piqa_continuations(example: Mapping[str, Any]) -> tuple[str, str]:
+    return " " + example["sol1"], " " + example["sol2"]
+
+
+def encode_pair(tokenizer: Any, context: str, continuation: str, max_length: int) -> Query:
+    """lm-eval's ``_encode_pair`` followed by its left truncation to ``max_length + 1`` tokens."""
+    n_spaces = len(context) - len(context.rstrip())
+    if n_spaces:
+        continuation = context[-n_spaces:] + continuation
+        context = context[:-n_spaces]
+    whole = tokenizer(context + continuation, add_special_tokens=False)["input_ids"]
+    context_length = len(tokenizer(context, add_special_tokens=False)["input_ids"])
+    continuation_length = len(whole) - context_length
+    if continuation_length < 1:
+        raise ValueError(f"continuation {continuation!r} encodes to no tokens after {context!r}")
+    tokens = whole[-(max_length + 1) :]
+    # A continuation longer than the window is scored on the tokens the model can predict.
+    return Query(tuple(tokens), min(continuation_length, len(tokens) - 1))
+
+
+def choice_queries(
+    examples: Sequence[Mapping[str, Any]], tokenizer: Any, max_length: int
+) -> list[Query]:
+    """Both choices of every example, in order: ``[ex0.sol1, ex0.sol2, ex1.sol1, ...]``."""
+    queries = []
+    for example in examples:
+        context = piqa_context(example["goal"])
+        for continuation in piqa_continuations(example):
+            queries.append(encode_pair(tokenizer, context, continuation, max_length))
+    return queries
+
+
+def training_queries(
+    examples: Sequence[Mapping[str, Any]], tokenizer: Any, max_length: int
+) -> list[Query]:
+    """The correct choice of every labelled example (the fine-tuning objective)."""
+    queries = []
+    for example in examples:
+        label = example["label"]
+        if label not in (0, 1):
+            raise ValueError(f"training needs labelled examples; got label {label!r}")
+        continuation = piqa_continuations(example)[label]
+        queries.append(encode_pair(tokenizer, piqa_context(example["goal"]), continuation, max_length))
+    return queries
+
+
+def collate(queries: Sequence[Query], pad_token_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad ``queries`` into one batch (right padding keeps GPT-2's positions exact)."""
+    width = max(len(query) for query in queries)
+    input_ids = torch.full((len(queries), width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(queries), width), dtype=torch.long)
+    labels = torch.full((len(queries), width), IGNORE_INDEX, dtype=torch.long)
+    for row, query in enumerate(queries):
+        length = len(query)
+        input_ids[row, :length] = torch.tensor(query.tokens)
+        attention_mask[row, :length] = 1
+        start = length - query.continuation_length
+        labels[row, start:length] = input_ids[row, start:length]
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+def length_sorted_batches(queries: Sequence[Query], batch_size: int) -> list[list[int]]:
+    """Indices of ``queries`` grouped into batches of similar length, longest first.
+
+    Longest first (as lm-eval does) makes an out-of-memory error happen on the first batch.
+    """
+    order = sorted(range(len(queries)), key=lambda i: (-len(queries[i]), i))
+    return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+
+
+@dataclass(frozen=True)
+class BatchSchedule:
+    """Which training examples every rank sees at every step: a pure function of the step.
+
+    Each epoch is a seeded permutation of the examples, cut into global batches of ``batch_size``
+    (the last incomplete batch is dropped). Rank ``r`` of ``world_size`` takes the ``r``-th
+    contiguous slice of each global batch, cut again into ``grad_accum`` micro-batches. Because the
+    global batch does not depend on the world size, a run can resume on another number of
+    processes and continue the same trajectory; resuming at step ``s`` needs no replay.
+    """
+
+    num_examples: int
+    batch_size: int
+    seed: int
+    world_size: int = 1
+    rank: int = 0
+    grad_accum: int = 1
+
+    def __post_init__(self) -> None:
+        per_step = self.world_size * self.grad_accum
+        if self.batch_size % per_step:
+            raise ValueError(
+                f"batch_size {self.batch_size} must be divisible by device_count × grad_accum = "
+                f"{per_step}; change batch_size to a multiple of {per_step}"
+            )
+        if self.num_examples < self.batch_size:
+            raise ValueError(
+                f"only {self.num_examples} training examples for batch_size {self.batch_size}; "
+                "raise limit or lower batch_size"
+            )
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.num_examples // self.batch_size
+
+    def global_batch(self, step: int) -> list[int]:
+        epoch, index = divmod(step, self.steps_per_epoch)
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        order = torch.randperm(self.num_examples, generator=generator)
+        return order[index * self.batch_size : (index + 1) * self.batch_size].tolist()
+
+    def micro_batches(self, step: int) -> list[list[int]]:
+        per_rank = self.batch_size // self.world_size
+        mine = self.global_batch(step)[self.rank * per_rank : (self.rank + 1) * per_rank]
+        size = per_rank // self.grad_accum
+        return [mine[start : start + size] for start in range(0, per_rank, size)]
+
+
+def shard(items: Sequence[Any], rank: int, world_size: int) -> Iterator[Any]:
+    """Every ``world_size``-th item starting at ``rank`` (balanced to within one item)."""
+    return iter(items[rank::world_size])
+
+
+def num_batches(num_items: int, batch_size: int) -> int:
+    return math.ceil(num_items / batch_size)

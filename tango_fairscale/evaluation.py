@@ -1,0 +1,236 @@
+"""PIQA scoring: cached predictions and metrics steps, and the all-ranks validation used in training.
+
+Scoring is batched: queries are sorted by length, right-padded and scored with one forward per batch.
+Under data-parallel or sharded training every rank scores a slice of the examples *through the
+engine's wrapped model* (never an inner module), every rank runs the same number of forwards (ranks
+with fewer batches repeat a dummy batch, so FSDP all-gathers never hang), and the counts are summed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from tango import JsonFormat, Step
+from tango.common import Tqdm
+from tango.common.dataset_dict import DatasetDictBase
+from tango.common.exceptions import ConfigurationError
+from tango.integrations.torch import Model
+
+from .batching import Query, choice_queries, collate, length_sorted_batches
+from .model import ModelWrapper
+
+Forward = Callable[[dict[str, torch.Tensor]], Mapping[str, torch.Tensor]]
+
+
+def score_queries(
+    forward: Forward,
+    queries: Sequence[Query],
+    *,
+    batch_size: int,
+    pad_token_id: int,
+    device: torch.device,
+    num_forwards: int | None = None,
+    progress: bool = True,
+) -> list[float]:
+    """Log-likelihood of each query's continuation, in the order of ``queries``.
+
+    ``num_forwards`` (at least the number of batches) pads the work with repeated forwards of a
+    one-row batch whose results are discarded, so that all ranks call ``forward`` equally often.
+    """
+    batches = length_sorted_batches(queries, batch_size)
+    total = max(num_forwards or 0, len(batches))
+    scores = [0.0] * len(queries)
+    filler = collate([min(queries, key=len)], pad_token_id) if queries else None
+    for index in Tqdm.tqdm(range(total), desc="Scoring", disable=not progress):
+        if index < len(batches):
+            batch = collate([queries[i] for i in batches[index]], pad_token_id)
+        else:
+            assert filler is not None, "a rank with no queries cannot pad the forwards"
+            batch = filler
+        batch = {name: tensor.to(device, non_blocking=True) for name, tensor in batch.items()}
+        loglikelihood = forward(batch)["loglikelihood"].float().cpu().tolist()
+        if index < len(batches):
+            for query_index, value in zip(batches[index], loglikelihood):
+                scores[query_index] = value
+    return scores
+
+
+def piqa_predictions(
+    examples: Sequence[Mapping[str, Any]], queries: Sequence[Query], scores: Sequence[float]
+) -> list[dict[str, Any]]:
+    """Per example: both choices' log-likelihoods, token and character lengths, the label."""
+    predictions = []
+    for index, example in enumerate(examples):
+        choices = (example["sol1"], example["sol2"])
+        predictions.append(
+            {
+                "index": index,
+                "label": example["label"],
+                "loglikelihoods": [scores[2 * index], scores[2 * index + 1]],
+                "token_lengths": [q.continuation_length for q in queries[2 * index : 2 * index + 2]],
+                "char_lengths": [len(choice) for choice in choices],
+            }
+        )
+    return predictions
+
+
+def correct_counts(predictions: Sequence[Mapping[str, Any]]) -> tuple[int, int]:
+    """``(acc hits, acc_norm hits)``: argmax of score, and of score / characters; ties → first."""
+    hits = hits_norm = 0
+    for prediction in predictions:
+        scores = prediction["loglikelihoods"]
+        normed = [s / max(n, 1) for s, n in zip(scores, prediction["char_lengths"])]
+        hits += int(_argmax(scores) == prediction["label"])
+        hits_norm += int(_argmax(normed) == prediction["label"])
+    return hits, hits_norm
+
+
+def _argmax(values: Sequence[float]) -> int:
+    return max(range(len(values)), key=lambda i: (values[i], -i))
+
+
+def metrics_from_predictions(predictions: Sequence[Mapping[str, Any]]) -> dict[str, float | int]:
+    """``acc``, ``acc_norm``, their standard errors (lm-eval's ``mean_stderr``), ``num_examples``."""
+    labelled = [p for p in predictions if p["label"] in (0, 1)]
+    if not labelled:
+        raise ValueError("no labelled predictions to compute metrics from")
+    hits, hits_norm = correct_counts(labelled)
+    n = len(labelled)
+    return {
+        "acc": hits / n,
+        "acc_stderr": _mean_stderr(hits, n),
+        "acc_norm": hits_norm / n,
+        "acc_norm_stderr": _mean_stderr(hits_norm, n),
+        "num_examples": n,
+    }
+
+
+def _mean_stderr(hits: int, n: int) -> float:
+    """Sample standard deviation of 0/1 outcomes over √n (lm-eval's ``mean_stderr``)."""
+    if n < 2:
+        return float("nan")
+    mean = hits / n
+    variance = (hits * (1 - mean) ** 2 + (n - hits) * mean**2) / (n - 1)
+    return math.sqrt(variance / n)
+
+
+def validate_all_ranks(
+    forward: Forward,
+    examples: Sequence[Mapping[str, Any]],
+    tokenizer: Any,
+    *,
+    max_length: int,
+    batch_size: int,
+    device: torch.device,
+    progress: bool,
+) -> dict[str, float | int]:
+    """PIQA ``acc`` / ``acc_norm`` over ``examples``, every rank scoring its share.
+
+    Call on every rank of the process group (or without one). Rank ``r`` scores examples
+    ``r, r + W, ...``; the number of forwards is agreed with a max all-reduce first, and the hit
+    counts are summed, so the result equals single-process scoring.
+    """
+    distributed = dist.is_available() and dist.is_initialized()
+    rank, world_size = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    mine = list(examples[rank::world_size])
+    queries = choice_queries(mine, tokenizer, max_length)
+    num_forwards = len(length_sorted_batches(queries, batch_size))
+    if distributed:
+        agreed = torch.tensor([num_forwards], device=device)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+        num_forwards = int(agreed.item())
+    scores = score_queries(
+        forward,
+        queries,
+        batch_size=batch_size,
+        pad_token_id=tokenizer.pad_token_id,
+        device=device,
+        num_forwards=num_forwards,
+        progress=progress,
+    )
+    hits, hits_norm = correct_counts(piqa_predictions(mine, queries, scores))
+    counts = torch.tensor([hits, hits_norm, len(mine)], dtype=torch.float64, device=device)
+    if distributed:
+        dist.all_reduce(counts)
+    hits, hits_norm, n = (int(c) for c in counts.tolist())
+    return {"acc": hits / n, "acc_norm": hits_norm / n, "num_examples": n}
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+@Step.register("tango_fairscale::piqa_predictions")
+class PiqaPredictionsStep(Step[list]):
+    """Score both choices of every example of one PIQA split with a model.
+
+    Registered as a Tango ``Step`` under the name ``"tango_fairscale::piqa_predictions"``.
+    Runs on the GPU when there is one. ``batch_size`` is not part of the cache key.
+
+    Returns one dict per example: ``index``, ``label``, ``loglikelihoods`` (two floats),
+    ``token_lengths`` and ``char_lengths`` (two ints each).
+
+    Example (Jsonnet)::
+
+        predictions: {type: "tango_fairscale::piqa_predictions", model: {ref: "trained_model"},
+                      dataset_dict: {ref: "piqa"}, split: "validation", batch_size: 64}
+    """
+
+    VERSION = "001"
+    DETERMINISTIC = True
+    CACHEABLE = True
+    FORMAT = JsonFormat()
+    SKIP_ID_ARGUMENTS = {"batch_size"}
+
+    def run(  # type: ignore[override]
+        self,
+        model: Model,
+        dataset_dict: DatasetDictBase,
+        split: str = "validation",
+        batch_size: int = 32,
+    ) -> list:
+        if split not in dataset_dict:
+            raise ConfigurationError(
+                f"split {split!r} is not in the dataset; choose one of {sorted(dataset_dict.keys())}"
+            )
+        if batch_size < 1:
+            raise ConfigurationError(f"batch_size must be at least 1, got {batch_size}")
+        examples = list(dataset_dict[split])
+        if not examples:
+            raise ConfigurationError(f"split {split!r} holds no examples; check 'limit'")
+        if not isinstance(model, ModelWrapper):
+            raise ConfigurationError(f"needs a tango_fairscale::causal_lm model, got {type(model)}")
+        device = default_device()
+        model = model.to(device).eval()
+        queries = choice_queries(examples, model.tokenizer, model.max_length)
+        with torch.inference_mode():
+            scores = score_queries(
+                lambda batch: model(**batch), queries, batch_size=batch_size, pad_token_id=model.pad_token_id, device=device
+            )
+        return piqa_predictions(examples, queries, scores)
+
+
+@Step.register("tango_fairscale::piqa_metrics")
+class PiqaMetricsStep(Step[dict]):
+    """Accuracy metrics from PIQA predictions, as lm-evaluation-harness's ``piqa`` task defines them.
+
+    Registered as a Tango ``Step`` under the name ``"tango_fairscale::piqa_metrics"``.
+
+    Returns ``{"acc", "acc_stderr", "acc_norm", "acc_norm_stderr", "num_examples"}``.
+
+    Example (Jsonnet)::
+
+        metrics: {type: "tango_fairscale::piqa_metrics", predictions: {ref: "predictions"}}
+    """
+
+    VERSION = "001"
+    DETERMINISTIC = True
+    CACHEABLE = True
+    FORMAT = JsonFormat()
+
+    def run(self, predictions: list) -> dict:  # type: ignore[override]
+        return metrics_from_predictions(predictions)

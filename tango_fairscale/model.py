@@ -1,0 +1,168 @@
+"""The Tango ``Model`` around a Hugging Face causal LM: loading, the training loss, choice scoring."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from tango.common.exceptions import ConfigurationError
+from tango.integrations.torch import Model
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+from .batching import IGNORE_INDEX
+
+logger = logging.getLogger(__name__)
+
+
+@Model.register("tango_fairscale::causal_lm")
+class ModelWrapper(Model):
+    """A Hugging Face causal LM with its tokenizer, scoring choices the way lm-eval does.
+
+    Registered as a Tango ``Model`` under the name ``"tango_fairscale::causal_lm"``.
+
+    :param model: a Hugging Face hub id or a local directory holding ``config.json`` and weights.
+    :param config: build the model with random weights from this config instead of loading weights
+        (merged over ``model``'s config when both are given; needs ``model_type`` otherwise).
+    :param tokenizer: hub id or local directory of the tokenizer; defaults to ``model``.
+    :param seed: seeds the random initialisation when ``config`` is given.
+
+    ``forward(input_ids, attention_mask, labels)`` takes a batch from
+    :func:`tango_fairscale.batching.collate` and returns
+
+    * ``loglikelihood`` ``(B,)``: the summed log-probability of each row's labelled tokens;
+    * ``num_tokens`` ``(B,)``: how many tokens each row scores;
+    * ``loss``: the mean over rows of the per-token cross-entropy of each row — the same for any
+      split of a batch into equal parts, so data-parallel ranks average to the global loss.
+
+    Example (Jsonnet)::
+
+        model: {type: "tango_fairscale::causal_lm", model: "gpt2"}
+        model: {type: "tango_fairscale::causal_lm", tokenizer: "/data/gpt2-tokenizer",
+                config: {model_type: "gpt2", n_layer: 2, n_embd: 64, n_head: 2}, seed: 1}
+    """
+
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        config: dict[str, Any] | None = None,
+        tokenizer: str | None = None,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        if model is None and config is None:
+            raise ConfigurationError("give the model a hub id or directory ('model') or a 'config'")
+        tokenizer_source = tokenizer or model
+        if tokenizer_source is None:
+            raise ConfigurationError("a model built from 'config' needs 'tokenizer' (hub id or dir)")
+        self.model: PreTrainedModel = _build_model(model, config, seed)
+        self.tokenizer = _load_tokenizer(tokenizer_source)
+        _set_padding_token(self.tokenizer, self.model.config)
+
+    @property
+    def max_length(self) -> int:
+        """The longest input the model accepts (its position embeddings)."""
+        config = self.model.config
+        for name in ("max_position_embeddings", "n_positions", "n_ctx"):
+            value = getattr(config, name, None)
+            if isinstance(value, int) and value > 0:
+                return value
+        return self.tokenizer.model_max_length
+
+    @property
+    def pad_token_id(self) -> int:
+        return int(self.tokenizer.pad_token_id)
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        # Position t is predicted from positions < t: the last token is never an input.
+        hidden = self.model.base_model(
+            input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1]
+        ).last_hidden_state
+        targets = labels[:, 1:]
+        scored = targets != IGNORE_INDEX
+        # The vocabulary projection only where a token is scored: a fraction of the sequence.
+        logits = self.model.get_output_embeddings()(hidden[scored]).float()
+        token_nll = F.cross_entropy(logits, targets[scored], reduction="none")
+        rows = scored.nonzero()[:, 0]
+        row_nll = torch.zeros(len(input_ids), dtype=token_nll.dtype, device=token_nll.device)
+        row_nll = row_nll.index_add(0, rows, token_nll)
+        num_tokens = scored.sum(dim=1)
+        loss = (row_nll / num_tokens.clamp(min=1)).mean()
+        return {"loss": loss, "loglikelihood": -row_nll, "num_tokens": num_tokens}
+
+    def save(self, directory: Path) -> None:
+        """Write weights (safetensors), config and tokenizer in Hugging Face's layout."""
+        self.model.save_pretrained(directory)
+        self.tokenizer.save_pretrained(directory)
+
+
+def _build_model(model: str | None, config: dict[str, Any] | None, seed: int) -> PreTrainedModel:
+    if config is None:
+        assert model is not None
+        try:
+            return AutoModelForCausalLM.from_pretrained(model)
+        except (OSError, ValueError) as error:
+            raise ConfigurationError(_cannot_load("model", model, error)) from None
+    config = dict(config)
+    if model is not None:
+        try:
+            hf_config = AutoConfig.from_pretrained(model, **config)
+        except (OSError, ValueError) as error:
+            raise ConfigurationError(_cannot_load("model config", model, error)) from None
+    else:
+        model_type = config.pop("model_type", None)
+        if model_type is None:
+            raise ConfigurationError("'config' needs 'model_type' (e.g. \"gpt2\") without 'model'")
+        hf_config = AutoConfig.for_model(model_type, **config)
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(hf_config)
+
+
+def _load_tokenizer(source: str) -> Any:
+    try:
+        return AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError, TypeError) as error:
+        raise ConfigurationError(_cannot_load("tokenizer", source, error)) from None
+
+
+def _set_padding_token(tokenizer: Any, config: Any) -> None:
+    """GPT-2 style: pad with end-of-text (padding is masked out, so any real token serves).
+
+    Tokenizer files without ``tokenizer_config.json`` name no special tokens: take the model
+    config's ``eos_token_id`` then.
+    """
+    if tokenizer.pad_token_id is not None:
+        return
+    if tokenizer.eos_token_id is None:
+        eos_id = getattr(config, "eos_token_id", None)
+        if not isinstance(eos_id, int):
+            raise ConfigurationError(
+                "the tokenizer has no pad or end-of-text token and the model config no "
+                "eos_token_id; add one of them to the model directory"
+            )
+        tokenizer.eos_token = tokenizer.convert_ids_to_tokens(eos_id)
+    tokenizer.pad_token = tokenizer.eos_token
+
+
+def _cannot_load(what: str, source: str, error: Exception) -> str:
+    if os.path.isdir(source):
+        where = f"local directory {source!r}"
+    elif source.startswith((".", "/", "~")) or os.sep in source.strip("/").split("/", 1)[-1]:
+        where = f"path {source!r} (no such directory)"
+    else:
+        where = f"{source!r} (neither a local directory nor reachable on the Hugging Face hub)"
+    reason = " ".join(str(error).split())[:300]
+    return f"cannot load {what} from {where}: {reason}"
+
+
+def model_summary(model: ModelWrapper) -> str:
+    """One line naming the architecture and size, for logs."""
+    num_params = sum(p.numel() for p in model.model.parameters())
+    return json.dumps({"architecture": type(model.model).__name__, "parameters": num_params})

@@ -1,0 +1,363 @@
+"""The training step: one controller loop over any engine, checkpointed and resumable.
+
+The loop follows Tango's ``torch::train`` contract (a ``TrainingEngine`` does forward / backward /
+step and writes checkpoints; ``TrainConfig`` describes the run) and adds what sharded training
+needs: every rank validates through the engine, checkpoints are written to a temporary directory
+and renamed into place only when every rank has finished (a crash never leaves a half checkpoint
+that looks complete), the data position is a pure function of the step (resuming needs no
+replay), and the final model is consolidated from the engine and loaded strictly.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from tango import Format, Step
+from tango.common import Lazy, Tqdm
+from tango.common.dataset_dict import DatasetDictBase
+from tango.common.exceptions import ConfigurationError
+from tango.integrations.torch import Model, TrainConfig, TrainingEngine
+from tango.step import StepResources
+
+from .batching import BatchSchedule, collate, training_queries
+from .engines.base import Engine, free_port
+from .evaluation import validate_all_ranks
+from .format import TRAINING_LOG, ModelFormat
+from .model import ModelWrapper
+
+logger = logging.getLogger(__name__)
+
+FINAL_WEIGHTS = "final_weights.pt"
+
+
+@dataclass
+class TrainPlan:
+    """Everything a worker process needs, validated in the launching process."""
+
+    config: TrainConfig
+    model: Lazy[Model]
+    engine: Lazy[TrainingEngine]
+    dataset_dict: DatasetDictBase
+    batch_size: int
+    eval_batch_size: int
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.config.work_dir / "checkpoints"
+
+
+@Step.register("tango_fairscale::train")
+class TrainStep(Step[ModelWrapper]):
+    """Fine-tune a :class:`~tango_fairscale.model.ModelWrapper` on PIQA with any package engine.
+
+    Registered as a Tango ``Step`` under the name ``"tango_fairscale::train"``.
+
+    :param model: the model to train (constructed inside each worker).
+    :param engine: a ``TrainingEngine`` (``tango_fairscale::ddp``, ...) with its optimizer.
+    :param dataset_dict: PIQA splits from ``tango_fairscale::piqa``.
+    :param train_steps: optimizer steps.
+    :param batch_size: examples per optimizer step over all devices (not per device), so the run
+        is the same on any number of devices; must divide by ``device_count × grad_accum``.
+    :param grad_accum: micro-batches per step on each device.
+    :param validate_every: PIQA validation accuracy every this many steps (and after the last),
+        computed by all ranks through the engine; ``None`` validates only after the last step.
+    :param checkpoint_every: steps between checkpoints; a rerun resumes from the newest one.
+    :param device_count: processes, one per GPU (or CPU processes over gloo without GPUs).
+
+    Returns the trained model; its ``training_log`` holds the logged loss and accuracy by step.
+    ``log_every``, ``eval_batch_size`` and ``distributed_port`` are not part of the cache key.
+
+    Example (Jsonnet)::
+
+        trained_model: {type: "tango_fairscale::train", model: {...}, dataset_dict: {ref: "piqa"},
+                        engine: {type: "tango_fairscale::ddp", optimizer: {type: "torch::AdamW"}},
+                        train_steps: 2000, batch_size: 16, device_count: 2}
+    """
+
+    VERSION = "001"
+    DETERMINISTIC = True
+    CACHEABLE = True
+    FORMAT: Format = ModelFormat()
+    SKIP_ID_ARGUMENTS = {"log_every", "eval_batch_size", "distributed_port"}
+
+    @property
+    def resources(self) -> StepResources:
+        return self.step_resources or StepResources(gpu_count=self.kwargs.get("device_count", 1))
+
+    def run(  # type: ignore[override]
+        self,
+        model: Lazy[Model],
+        engine: Lazy[TrainingEngine],
+        dataset_dict: DatasetDictBase,
+        *,
+        train_steps: int,
+        batch_size: int = 16,
+        grad_accum: int = 1,
+        seed: int = 42,
+        train_split: str = "train",
+        validation_split: str | None = "validation",
+        validate_every: int | None = None,
+        checkpoint_every: int = 100,
+        device_count: int = 1,
+        log_every: int = 10,
+        eval_batch_size: int = 32,
+        distributed_port: int | None = None,
+    ) -> ModelWrapper:
+        for name, value in (
+            ("train_steps", train_steps),
+            ("batch_size", batch_size),
+            ("grad_accum", grad_accum),
+            ("checkpoint_every", checkpoint_every),
+            ("device_count", device_count),
+            ("log_every", log_every),
+            ("eval_batch_size", eval_batch_size),
+            ("validate_every", validate_every or 1),
+        ):
+            if not isinstance(value, int) or value < 1:
+                raise ConfigurationError(f"{name} must be a positive integer, got {value!r}")
+        for split in (train_split, validation_split):
+            if split is not None and split not in dataset_dict:
+                raise ConfigurationError(
+                    f"split {split!r} is not in the dataset; choose one of "
+                    f"{sorted(dataset_dict.keys())}"
+                )
+        # Fails here, not in a worker, when the batch does not split evenly.
+        BatchSchedule(len(dataset_dict[train_split]), batch_size, seed, device_count, 0, grad_accum)
+        devices = _devices(device_count)
+        config = TrainConfig(
+            self.unique_id,
+            self.work_dir,
+            step_name=self.name,
+            train_split=train_split,
+            validation_split=validation_split,
+            seed=seed,
+            train_steps=train_steps,
+            grad_accum=grad_accum,
+            log_every=log_every,
+            checkpoint_every=checkpoint_every,
+            validate_every=validate_every,
+            is_distributed=device_count > 1,
+            devices=devices,
+            distributed_port=distributed_port or free_port(),
+            world_size=device_count,
+        )
+        plan = TrainPlan(config, model, engine, dataset_dict, batch_size, eval_batch_size)
+        if device_count > 1:
+            import torch.multiprocessing as mp
+
+            mp.spawn(_worker, args=(plan,), nprocs=device_count)
+        else:
+            _worker(0, plan)
+
+        trained = model.construct()
+        state = torch.load(self.work_dir / FINAL_WEIGHTS, map_location="cpu", weights_only=True)
+        trained.load_state_dict(state)  # strict: every key of the consolidated model must match
+        trained.training_log = read_training_log(self.work_dir / TRAINING_LOG)
+        return trained
+
+
+def _devices(device_count: int) -> list[int]:
+    """GPU indices when enough GPUs are visible, else ``-1`` (CPU) for every process."""
+    if torch.cuda.is_available():
+        visible = torch.cuda.device_count()
+        if device_count > visible:
+            raise ConfigurationError(
+                f"device_count {device_count} exceeds the {visible} visible GPUs; lower "
+                "device_count or set CUDA_VISIBLE_DEVICES"
+            )
+        return list(range(device_count))
+    return [-1] * device_count
+
+
+def _worker(rank: int, plan: TrainPlan) -> None:
+    """One training process: build the engine, resume, train, validate, checkpoint, consolidate."""
+    config = plan.config
+    config.worker_id = rank
+    if config.is_distributed:
+        from tango.common.logging import initialize_worker_logging
+
+        initialize_worker_logging(rank)
+    torch.manual_seed(config.seed)
+    engine = plan.engine.construct(train_config=config, model=plan.model)
+    if not isinstance(engine, Engine):
+        raise ConfigurationError(f"'engine' must be a tango_fairscale engine, got {type(engine).__name__}")
+    try:
+        _train(engine, plan)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _train(engine: Engine, plan: TrainPlan) -> None:
+    config = plan.config
+    is_main = config.is_local_main_process
+    model = engine.wrapped_model
+    examples = list(plan.dataset_dict[config.train_split])
+    queries = training_queries(examples, model.tokenizer, model.max_length)
+    schedule = BatchSchedule(
+        len(queries), plan.batch_size, config.seed, config.world_size, config.worker_id,
+        config.grad_accum,
+    )
+    assert config.train_steps is not None
+    start = _resume(engine, plan)
+    log = TrainingLog(config.work_dir / TRAINING_LOG, enabled=is_main)
+    if start:
+        logger.info("resumed from the checkpoint at step %d", start)
+
+    engine.model.train()
+    progress = Tqdm.tqdm(
+        range(start, config.train_steps), desc="Training", initial=start,
+        total=config.train_steps, disable=not is_main,
+    )
+    for step in progress:
+        step_loss = torch.zeros((), device=engine.device)
+        micro_batches = schedule.micro_batches(step)
+        for index, micro_batch in enumerate(micro_batches):
+            batch = collate([queries[i] for i in micro_batch], model.pad_token_id)
+            loss, _ = engine.forward_train(batch, index, len(micro_batches))
+            engine.backward(loss)
+            step_loss += loss.detach()
+        engine.step()
+        done = step + 1
+        if done % config.log_every == 0 or done == 1 or done == config.train_steps:
+            mean_loss = _mean_over_ranks(step_loss)
+            lr = engine.optimizer.param_groups[0]["lr"]
+            log.write({"step": done, "train_loss": mean_loss, "lr": lr})
+            progress.set_postfix(loss=f"{mean_loss:.4f}")
+        if config.validation_split is not None and (
+            done == config.train_steps
+            or (config.validate_every is not None and done % config.validate_every == 0)
+        ):
+            metrics = _validate(engine, plan)
+            log.write({"step": done, **{f"val_{k}": v for k, v in metrics.items()}})
+            if is_main:
+                logger.info("step %d: validation acc %.4f, acc_norm %.4f", done, metrics["acc"],
+                            metrics["acc_norm"])
+        if done % config.checkpoint_every == 0 or done == config.train_steps:
+            _save_checkpoint(engine, plan, done)
+
+    state = engine.full_model_state()
+    if is_main:
+        assert state is not None
+        target = config.work_dir / FINAL_WEIGHTS
+        torch.save(state, target.with_suffix(".tmp"))
+        os.replace(target.with_suffix(".tmp"), target)
+    _barrier()
+
+
+def _validate(engine: Engine, plan: TrainPlan) -> dict[str, Any]:
+    config = plan.config
+    assert config.validation_split is not None
+    model = engine.wrapped_model
+    engine.model.eval()
+    try:
+        return validate_all_ranks(
+            engine.forward_eval,
+            list(plan.dataset_dict[config.validation_split]),
+            model.tokenizer,
+            max_length=model.max_length,
+            batch_size=plan.eval_batch_size,
+            device=engine.device,
+            progress=config.is_local_main_process,
+        )
+    finally:
+        engine.model.train()
+
+
+def _mean_over_ranks(value: torch.Tensor) -> float:
+    if dist.is_initialized():
+        value = value.clone()
+        dist.all_reduce(value)
+        value /= dist.get_world_size()
+    return float(value.item())
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+# --- checkpoints ------------------------------------------------------------------------------
+# checkpoints/step0000100/   complete checkpoints (renamed into place when all ranks are done)
+# checkpoints/.partial-.../  being written; never read, removed on the next start
+# checkpoints/latest         the name of the newest complete checkpoint, replaced atomically
+
+
+def _save_checkpoint(engine: Engine, plan: TrainPlan, step: int) -> None:
+    name = f"step{step:07d}"
+    partial = plan.checkpoints / f".partial-{name}"
+    client_state = {"step": step, "rng": torch.get_rng_state()}
+    engine.save_checkpoint(partial, client_state)
+    _barrier()
+    if plan.config.is_local_main_process:
+        final = plan.checkpoints / name
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(partial, final)
+        _write_atomically(plan.checkpoints / "latest", name)
+        for old in plan.checkpoints.glob("step*"):
+            if old.name != name:
+                shutil.rmtree(old)
+    _barrier()
+
+
+def _resume(engine: Engine, plan: TrainPlan) -> int:
+    """Load the newest complete checkpoint; return its step (0 when there is none)."""
+    latest = plan.checkpoints / "latest"
+    if plan.config.is_local_main_process:
+        for partial in plan.checkpoints.glob(".partial-*"):
+            shutil.rmtree(partial)
+    _barrier()
+    if not latest.is_file():
+        return 0
+    directory = plan.checkpoints / latest.read_text().strip()
+    client_state = engine.load_checkpoint(directory)
+    torch.set_rng_state(client_state["rng"])
+    return int(client_state["step"])
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)
+
+
+# --- the training log -------------------------------------------------------------------------
+
+
+class TrainingLog:
+    """Append-only JSON lines ``{"step": ..., <metric>: ...}`` written by rank 0."""
+
+    def __init__(self, path: Path, enabled: bool) -> None:
+        self.path = path
+        self.enabled = enabled
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self.enabled:
+            with self.path.open("a") as file:
+                file.write(json.dumps(record) + "\n")
+
+
+def read_training_log(path: Path) -> list[dict[str, Any]]:
+    """The log's records by step; a step logged twice (replayed after a resume) keeps the last."""
+    if not path.is_file():
+        return []
+    merged: dict[int, dict[str, Any]] = {}
+    for record in _json_lines(path.read_text().splitlines()):
+        merged.setdefault(record["step"], {}).update(record)
+    return [merged[step] for step in sorted(merged)]
+
+
+def _json_lines(lines: Iterable[str]) -> Iterable[dict[str, Any]]:
+    for line in lines:
+        if line.strip():
+            yield json.loads(line)

@@ -1,0 +1,61 @@
+"""Shared test fixtures.
+
+The official PIQA files and the GPT-2 tokenizer are read from the directory named by the
+environment variable ``TANGO_FAIRSCALE_SHARED_DATA`` (``.ci/run`` sets it to ``../shared/data``).
+Tests that need it fail, never skip, when it is missing.
+"""
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def shared_data_dir() -> Path:
+    """Directory holding ``piqa/`` and ``gpt2-tokenizer/``."""
+    path = Path(os.environ.get("TANGO_FAIRSCALE_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
+    if not (path / "piqa" / "valid.jsonl").is_file():
+        raise RuntimeError(
+            f"shared test data not found at {path}: set TANGO_FAIRSCALE_SHARED_DATA to the "
+            "directory holding piqa/ and gpt2-tokenizer/"
+        )
+    return path
+
+
+@pytest.fixture(scope="session")
+def piqa_dir() -> Path:
+    return shared_data_dir() / "piqa"
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir() -> Path:
+    return shared_data_dir() / "gpt2-tokenizer"
+
+
+TINY_GPT2 = {
+    "model_type": "gpt2",
+    "n_layer": 2,
+    "n_embd": 32,
+    "n_head": 2,
+    "n_positions": 128,
+    # Dropout off: runs on different engines or world sizes must see identical arithmetic.
+    "resid_pdrop": 0.0,
+    "embd_pdrop": 0.0,
+    "attn_pdrop": 0.0,
+}
+
+
+def save_tiny_gpt2(directory: Path, tokenizer_dir: Path, seed: int = 1, **overrides: object) -> Path:
+    """A seeded, randomly initialised GPT-2-shaped model saved like a hub checkpoint."""
+    from tango_fairscale.model import ModelWrapper
+
+    model = ModelWrapper(config={**TINY_GPT2, **overrides}, tokenizer=str(tokenizer_dir), seed=seed)
+    model.save(directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> Path:
+    return save_tiny_gpt2(tmp_path_factory.mktemp("tiny-gpt2"), tokenizer_dir)
