@@ -82,7 +82,9 @@ def training_queries(
         if label not in (0, 1):
             raise ValueError(f"training needs labelled examples; got label {label!r}")
         continuation = piqa_continuations(example)[label]
-        queries.append(encode_pair(tokenizer, piqa_context(example["goal"]), continuation, max_length))
+        queries.append(
+            encode_pair(tokenizer, piqa_context(example["goal"]), continuation, max_length)
+        )
     return queries
 
 

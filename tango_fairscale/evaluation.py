@@ -1,6 +1,6 @@
-"""PIQA scoring: cached predictions and metrics steps, and the all-ranks validation used in training.
+"""PIQA scoring: cached predictions and metrics steps, and the all-ranks in-training validation.
 
-Scoring is batched: queries are sorted by length, right-padded and scored with one forward per batch.
+Scoring is batched: queries are sorted by length, right-padded and scored one forward per batch.
 Under data-parallel or sharded training every rank scores a slice of the examples *through the
 engine's wrapped model* (never an inner module), every rank runs the same number of forwards (ranks
 with fewer batches repeat a dummy batch, so FSDP all-gathers never hang), and the counts are summed.
@@ -71,7 +71,9 @@ def piqa_predictions(
                 "index": index,
                 "label": example["label"],
                 "loglikelihoods": [scores[2 * index], scores[2 * index + 1]],
-                "token_lengths": [q.continuation_length for q in queries[2 * index : 2 * index + 2]],
+                "token_lengths": [
+                    q.continuation_length for q in queries[2 * index : 2 * index + 2]
+                ],
                 "char_lengths": [len(choice) for choice in choices],
             }
         )
@@ -94,7 +96,7 @@ def _argmax(values: Sequence[float]) -> int:
 
 
 def metrics_from_predictions(predictions: Sequence[Mapping[str, Any]]) -> dict[str, float | int]:
-    """``acc``, ``acc_norm``, their standard errors (lm-eval's ``mean_stderr``), ``num_examples``."""
+    """``acc``, ``acc_norm``, their standard errors (lm-eval's mean_stderr), ``num_examples``."""
     labelled = [p for p in predictions if p["label"] in (0, 1)]
     if not labelled:
         raise ValueError("no labelled predictions to compute metrics from")
@@ -195,7 +197,8 @@ class PiqaPredictionsStep(Step[list]):
     ) -> list:
         if split not in dataset_dict:
             raise ConfigurationError(
-                f"split {split!r} is not in the dataset; choose one of {sorted(dataset_dict.keys())}"
+                f"split {split!r} is not in the dataset; choose one of "
+                f"{sorted(dataset_dict.keys())}"
             )
         if batch_size < 1:
             raise ConfigurationError(f"batch_size must be at least 1, got {batch_size}")
@@ -209,14 +212,18 @@ class PiqaPredictionsStep(Step[list]):
         queries = choice_queries(examples, model.tokenizer, model.max_length)
         with torch.inference_mode():
             scores = score_queries(
-                lambda batch: model(**batch), queries, batch_size=batch_size, pad_token_id=model.pad_token_id, device=device
+                lambda batch: model(**batch),
+                queries,
+                batch_size=batch_size,
+                pad_token_id=model.pad_token_id,
+                device=device,
             )
         return piqa_predictions(examples, queries, scores)
 
 
 @Step.register("tango_fairscale::piqa_metrics")
 class PiqaMetricsStep(Step[dict]):
-    """Accuracy metrics from PIQA predictions, as lm-evaluation-harness's ``piqa`` task defines them.
+    """Accuracy metrics from PIQA predictions, as lm-evaluation-harness's ``piqa`` defines them.
 
     Registered as a Tango ``Step`` under the name ``"tango_fairscale::piqa_metrics"``.
 

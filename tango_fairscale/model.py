@@ -1,4 +1,4 @@
-"""The Tango ``Model`` around a Hugging Face causal LM: loading, the training loss, choice scoring."""
+"""The Tango ``Model`` around a Hugging Face causal LM: loading, training loss, choice scoring."""
 
 from __future__ import annotations
 
@@ -59,8 +59,12 @@ class ModelWrapper(Model):
             raise ConfigurationError("give the model a hub id or directory ('model') or a 'config'")
         tokenizer_source = tokenizer or model
         if tokenizer_source is None:
-            raise ConfigurationError("a model built from 'config' needs 'tokenizer' (hub id or dir)")
+            raise ConfigurationError(
+                "a model built from 'config' needs 'tokenizer' (hub id or dir)"
+            )
         self.model: PreTrainedModel = _build_model(model, config, seed)
+        #: Logged training metrics by step (set by the training step and the stored format).
+        self.training_log: list[dict[str, Any]] = []
         self.tokenizer = _load_tokenizer(tokenizer_source)
         _set_padding_token(self.tokenizer, self.model.config)
 
@@ -82,8 +86,10 @@ class ModelWrapper(Model):
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor
     ) -> dict[str, torch.Tensor]:
         # Position t is predicted from positions < t: the last token is never an input.
+        # No key/value cache: it costs memory, and activation checkpointing would replay a
+        # forward into the same cache object and double its length.
         hidden = self.model.base_model(
-            input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1]
+            input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1], use_cache=False
         ).last_hidden_state
         targets = labels[:, 1:]
         scored = targets != IGNORE_INDEX

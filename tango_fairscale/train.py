@@ -23,8 +23,10 @@ import torch
 import torch.distributed as dist
 from tango import Format, Step
 from tango.common import Lazy, Tqdm
+from tango.common.aliases import EnvVarNames
 from tango.common.dataset_dict import DatasetDictBase
 from tango.common.exceptions import ConfigurationError
+from tango.common.logging import initialize_worker_logging
 from tango.integrations.torch import Model, TrainConfig, TrainingEngine
 from tango.step import StepResources
 
@@ -159,6 +161,7 @@ class TrainStep(Step[ModelWrapper]):
             _worker(0, plan)
 
         trained = model.construct()
+        assert isinstance(trained, ModelWrapper)
         state = torch.load(self.work_dir / FINAL_WEIGHTS, map_location="cpu", weights_only=True)
         trained.load_state_dict(state)  # strict: every key of the consolidated model must match
         trained.training_log = read_training_log(self.work_dir / TRAINING_LOG)
@@ -182,14 +185,15 @@ def _worker(rank: int, plan: TrainPlan) -> None:
     """One training process: build the engine, resume, train, validate, checkpoint, consolidate."""
     config = plan.config
     config.worker_id = rank
-    if config.is_distributed:
-        from tango.common.logging import initialize_worker_logging
-
+    if config.is_distributed and os.environ.get(EnvVarNames.LOGGING_PORT.value):
+        # Under `tango run`: send this worker's log records to the main process.
         initialize_worker_logging(rank)
     torch.manual_seed(config.seed)
     engine = plan.engine.construct(train_config=config, model=plan.model)
     if not isinstance(engine, Engine):
-        raise ConfigurationError(f"'engine' must be a tango_fairscale engine, got {type(engine).__name__}")
+        raise ConfigurationError(
+            f"'engine' must be a tango_fairscale engine, got {type(engine).__name__}"
+        )
     try:
         _train(engine, plan)
     finally:
@@ -204,7 +208,11 @@ def _train(engine: Engine, plan: TrainPlan) -> None:
     examples = list(plan.dataset_dict[config.train_split])
     queries = training_queries(examples, model.tokenizer, model.max_length)
     schedule = BatchSchedule(
-        len(queries), plan.batch_size, config.seed, config.world_size, config.worker_id,
+        len(queries),
+        plan.batch_size,
+        config.seed,
+        config.world_size,
+        config.worker_id,
         config.grad_accum,
     )
     assert config.train_steps is not None
@@ -215,8 +223,11 @@ def _train(engine: Engine, plan: TrainPlan) -> None:
 
     engine.model.train()
     progress = Tqdm.tqdm(
-        range(start, config.train_steps), desc="Training", initial=start,
-        total=config.train_steps, disable=not is_main,
+        range(start, config.train_steps),
+        desc="Training",
+        initial=start,
+        total=config.train_steps,
+        disable=not is_main,
     )
     for step in progress:
         step_loss = torch.zeros((), device=engine.device)
@@ -240,8 +251,12 @@ def _train(engine: Engine, plan: TrainPlan) -> None:
             metrics = _validate(engine, plan)
             log.write({"step": done, **{f"val_{k}": v for k, v in metrics.items()}})
             if is_main:
-                logger.info("step %d: validation acc %.4f, acc_norm %.4f", done, metrics["acc"],
-                            metrics["acc_norm"])
+                logger.info(
+                    "step %d: validation acc %.4f, acc_norm %.4f",
+                    done,
+                    metrics["acc"],
+                    metrics["acc_norm"],
+                )
         if done % config.checkpoint_every == 0 or done == config.train_steps:
             _save_checkpoint(engine, plan, done)
 

@@ -47,7 +47,9 @@ TINY_GPT2 = {
 }
 
 
-def save_tiny_gpt2(directory: Path, tokenizer_dir: Path, seed: int = 1, **overrides: object) -> Path:
+def save_tiny_gpt2(
+    directory: Path, tokenizer_dir: Path, seed: int = 1, **overrides: object
+) -> Path:
     """A seeded, randomly initialised GPT-2-shaped model saved like a hub checkpoint."""
     from tango_fairscale.model import ModelWrapper
 
@@ -59,3 +61,47 @@ def save_tiny_gpt2(directory: Path, tokenizer_dir: Path, seed: int = 1, **overri
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> Path:
     return save_tiny_gpt2(tmp_path_factory.mktemp("tiny-gpt2"), tokenizer_dir)
+
+
+@pytest.fixture(scope="session")
+def piqa_small(piqa_dir: Path):
+    """The first 64 examples of each PIQA split."""
+    from tango_fairscale.data import read_piqa
+
+    return read_piqa(piqa_dir, limit=64)
+
+
+def train_tiny(
+    workspace: Path,
+    model_dir: Path,
+    dataset_dict,
+    engine: str = "tango_fairscale::ddp",
+    device_count: int = 1,
+    train_steps: int = 20,
+    **engine_params,
+):
+    """Run the real training step (spawning ``device_count`` processes) and return its model."""
+    from tango.common import Lazy, Params
+    from tango.integrations.torch import Model, TrainingEngine
+    from tango.workspaces import LocalWorkspace
+
+    from tango_fairscale.train import TrainStep
+
+    engine_config = {
+        "type": engine,
+        "precision": "32-true",
+        "optimizer": {"type": "torch::AdamW", "lr": 1e-3},
+        **engine_params,
+    }
+    step = TrainStep(
+        model=Lazy(Model, Params({"type": "tango_fairscale::causal_lm", "model": str(model_dir)})),
+        engine=Lazy(TrainingEngine, Params(engine_config)),
+        dataset_dict=dataset_dict,
+        train_steps=train_steps,
+        batch_size=8,
+        device_count=device_count,
+        validate_every=10,
+        checkpoint_every=5,
+        log_every=1,
+    )
+    return step.result(LocalWorkspace(workspace))

@@ -2,5 +2,6 @@
 
 from .base import Engine, Precision, resolve_precision, unwrap
 from .ddp import DDPEngine
+from .fairscale import FairScaleEngine
 
-__all__ = ["DDPEngine", "Engine", "Precision", "resolve_precision", "unwrap"]
+__all__ = ["DDPEngine", "Engine", "FairScaleEngine", "Precision", "resolve_precision", "unwrap"]

@@ -1,4 +1,4 @@
-"""What every engine shares: precision, the process group, the micro-batch loop, clipping, checkpoints.
+"""What every engine shares: precision, process group, micro-batches, clipping, checkpoints.
 
 An engine is a Tango ``TrainingEngine``: it wraps the model (DDP, FSDP, ...) and runs forward,
 backward and the optimizer step. :class:`Engine` implements everything but the wrapping;
@@ -44,7 +44,9 @@ class Precision:
 def resolve_precision(name: str, device: torch.device) -> Precision:
     """Turn a precision name into dtypes; ``auto`` is ``bf16-mixed`` on a bf16 GPU, else fp32."""
     if name not in PRECISIONS:
-        raise ConfigurationError(f"unknown precision {name!r}; choose one of {', '.join(PRECISIONS)}")
+        raise ConfigurationError(
+            f"unknown precision {name!r}; choose one of {', '.join(PRECISIONS)}"
+        )
     if name == "auto":
         on_bf16_gpu = device.type == "cuda" and torch.cuda.is_bf16_supported()
         name = "bf16-mixed" if on_bf16_gpu else "32-true"
@@ -221,7 +223,7 @@ class Engine(TrainingEngine):
         return checkpoint_dir / f"rank{rank}.pt"
 
     def save_checkpoint(self, checkpoint_dir: Path, client_state: dict[str, Any]) -> None:
-        """Write this rank's state into ``checkpoint_dir`` (the caller makes the directory final)."""
+        """Write this rank's state into ``checkpoint_dir`` (the caller makes it final)."""
         if not self.sharded and self.train_config.worker_id != 0:
             return  # every rank holds the same state; rank 0's copy serves all
         state = {
@@ -238,7 +240,9 @@ class Engine(TrainingEngine):
 
     def load_checkpoint(self, checkpoint_dir: Path) -> dict[str, Any]:
         rank = self.train_config.worker_id if self.sharded else 0
-        state = torch.load(self._state_file(checkpoint_dir, rank), map_location="cpu", weights_only=True)
+        state = torch.load(
+            self._state_file(checkpoint_dir, rank), map_location="cpu", weights_only=True
+        )
         self.load_model_state(state["model"])
         self.load_optimizer_state(state["optimizer"])
         if self.lr_scheduler is not None and state["lr_scheduler"] is not None:
@@ -247,11 +251,15 @@ class Engine(TrainingEngine):
             self.grad_scaler.load_state_dict(state["grad_scaler"])
         return cast(dict[str, Any], state["client_state"])
 
-    def save_complete_weights_from_checkpoint(self, checkpoint_dir: Path, weights_path: Path) -> None:
+    def save_complete_weights_from_checkpoint(
+        self, checkpoint_dir: Path, weights_path: Path
+    ) -> None:
         """Tango's hook: the full weights of an unsharded checkpoint, saved as ``weights_path``."""
         if self.sharded:
             raise NotImplementedError("a sharded engine consolidates through full_model_state()")
-        state = torch.load(self._state_file(checkpoint_dir, 0), map_location="cpu", weights_only=True)
+        state = torch.load(
+            self._state_file(checkpoint_dir, 0), map_location="cpu", weights_only=True
+        )
         torch.save(state["model"], weights_path)
 
 

@@ -1,0 +1,151 @@
+"""FairScale's ``FullyShardedDataParallel``: parameters, gradients and optimizer state sharded."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from fairscale.nn.checkpoint import checkpoint_wrapper
+from fairscale.nn.data_parallel import FullyShardedDataParallel as FSDP
+from fairscale.optim.grad_scaler import ShardedGradScaler
+from tango.common import Lazy
+from tango.common.exceptions import ConfigurationError
+from tango.integrations.torch import LRScheduler, Model, Optimizer, TrainConfig, TrainingEngine
+
+from .. import compat
+from ..model import ModelWrapper
+from ..wrapping import (
+    ShardingConfig,
+    check_tied_parameters,
+    default_unit_patterns,
+    select_modules,
+)
+from .base import Engine
+
+
+@TrainingEngine.register("tango_fairscale::fairscale")
+class FairScaleEngine(Engine):
+    """FairScale FSDP with regex-selected units, mixed precision, checkpointing and CPU offload.
+
+    Registered as a Tango ``TrainingEngine`` under the name ``"tango_fairscale::fairscale"``.
+
+    :param precision: as for every engine; ``bf16-mixed`` / ``16-mixed`` keep fp32 sharded master
+        weights, compute in the low precision and reduce gradients in fp32.
+    :param max_grad_norm: clip the global gradient norm (computed over all shards).
+    :param sharding: a :class:`~tango_fairscale.wrapping.ShardingConfig`.
+
+    Example (Jsonnet)::
+
+        engine: {type: "tango_fairscale::fairscale", precision: "bf16-mixed",
+                 sharding: {modules_to_wrap: ["model\\\\.transformer\\\\.h\\\\.[0-9]+"],
+                            activation_checkpointing: true},
+                 optimizer: {type: "torch::AdamW", lr: 1e-5}}
+    """
+
+    sharded = True
+
+    def __init__(
+        self,
+        train_config: TrainConfig,
+        model: Model | Lazy[Model],
+        optimizer: Lazy[Optimizer],
+        *,
+        lr_scheduler: Lazy[LRScheduler] | None = None,
+        precision: str = "auto",
+        max_grad_norm: float | None = None,
+        sharding: ShardingConfig | None = None,
+    ) -> None:
+        self.sharding = sharding or ShardingConfig()
+        if precision == "bf16-true":
+            raise ConfigurationError(
+                "the fairscale engine keeps fp32 master weights; use 'bf16-mixed' instead of "
+                "'bf16-true' (or engine 'ddp' / 'fsdp2' for pure bf16)"
+            )
+        compat.patch_fairscale_for_cpu()
+        super().__init__(
+            train_config,
+            model,
+            optimizer,
+            lr_scheduler=lr_scheduler,
+            precision=precision,
+            max_grad_norm=max_grad_norm,
+        )
+        if dist.get_backend() == "gloo":
+            compat.use_list_collectives_for_gloo()
+
+    def _wrap_model(self, model: ModelWrapper) -> Model:
+        config = self.sharding
+        # Weights loaded from safetensors live in memory-mapped, fixed-size storage, which
+        # FairScale frees by resizing to zero: give such parameters storage of their own.
+        for parameter in model.parameters():
+            if not parameter.untyped_storage().resizable():
+                parameter.data = parameter.data.clone()
+        unit_patterns = config.modules_to_wrap or default_unit_patterns(model)
+        units = select_modules(model, unit_patterns, "modules_to_wrap")
+        check_tied_parameters(model, units)
+        checkpointed: list[str] = []
+        if config.activation_checkpointing is True:
+            checkpointed = units
+        elif config.activation_checkpointing:
+            checkpointed = select_modules(
+                model, config.activation_checkpointing, "activation_checkpointing"
+            )
+        # Order: checkpointing inside sharding, innermost modules first.
+        for name in checkpointed:
+            _replace(model, name, checkpoint_wrapper(model.get_submodule(name)))
+        for name in units:
+            _replace(model, name, self._fsdp(model.get_submodule(name)))
+        return self._fsdp(model)  # type: ignore[return-value]
+
+    def _fsdp(self, module: torch.nn.Module) -> FSDP:
+        mixed = self.precision.mixed
+        offload = self.sharding.cpu_offload
+        return FSDP(
+            module if offload else module.to(self.device),
+            reshard_after_forward=self.sharding.reshard_after_forward,
+            flatten_parameters=self.sharding.flatten_parameters,
+            mixed_precision=mixed,
+            compute_dtype=self.precision.compute_dtype if mixed else None,
+            buffer_dtype=torch.float32,
+            fp32_reduce_scatter=mixed,  # also keeps world-size-1 gradients fp32 (compat.py)
+            move_params_to_cpu=offload,
+            move_grads_to_cpu=offload,
+            compute_device=self.device,
+            state_dict_device=torch.device("cpu"),
+        )
+
+    def _make_grad_scaler(self) -> Any:
+        return ShardedGradScaler()
+
+    @property
+    def fsdp(self) -> FSDP:
+        assert isinstance(self.model, FSDP)
+        return self.model
+
+    def _no_sync_context(self) -> Any:
+        return self.fsdp.no_sync()
+
+    def clip_grad_norm(self) -> torch.Tensor | None:
+        if self.max_grad_norm is None:
+            return None
+        return compat.clip_grad_norm_(self.fsdp, self.max_grad_norm)
+
+    # --- state: each rank saves its own shards; the full model is gathered for export ----------
+
+    def model_state(self) -> dict[str, torch.Tensor]:
+        return self.fsdp.local_state_dict()
+
+    def load_model_state(self, state: dict[str, torch.Tensor]) -> None:
+        compat.load_local_state_dict(self.fsdp, state)
+
+    def full_model_state(self) -> dict[str, torch.Tensor] | None:
+        state = self.fsdp.state_dict()  # gathers every unit: all ranks take part
+        if self.train_config.worker_id != 0:
+            return None
+        return {key: value.detach().cpu().clone() for key, value in state.items()}
+
+
+def _replace(root: torch.nn.Module, name: str, new: torch.nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    setattr(root.get_submodule(parent_name), child, new)

@@ -1,0 +1,126 @@
+"""Which modules become sharding units and which are activation-checkpointed, chosen by regex.
+
+Module names are relative to the :class:`~tango_fairscale.model.ModelWrapper`, e.g.
+``model.transformer.h.0`` for GPT-2's first block. Patterns match whole names (``re.fullmatch``).
+Every function here is pure: it inspects the model and returns names, or raises a one-line
+``ConfigurationError`` that says what to change.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from tango.common import FromParams
+from tango.common.exceptions import ConfigurationError
+
+
+@dataclass
+class ShardingConfig(FromParams):
+    """How a sharded engine (``fairscale`` or ``fsdp2``) splits and stores the model.
+
+    :param modules_to_wrap: regexes of module names that become their own sharding unit; the
+        default is each transformer block of the loaded model (its ``_no_split_modules``).
+    :param activation_checkpointing: recompute activations in the backward pass instead of storing
+        them: ``true`` for every module in ``modules_to_wrap``, or a list of regexes.
+    :param reshard_after_forward: free gathered parameters after each unit's forward (less memory,
+        one more all-gather in the backward pass).
+    :param flatten_parameters: one flat parameter per unit (FairScale only; FSDP2 never flattens).
+    :param cpu_offload: keep the sharded parameters and gradients in CPU memory.
+    """
+
+    modules_to_wrap: list[str] | None = None
+    activation_checkpointing: bool | list[str] = False
+    reshard_after_forward: bool = True
+    flatten_parameters: bool = True
+    cpu_offload: bool = False
+
+    def __post_init__(self) -> None:
+        patterns = list(self.modules_to_wrap or [])
+        if isinstance(self.activation_checkpointing, list):
+            patterns += self.activation_checkpointing
+        elif not isinstance(self.activation_checkpointing, bool):
+            raise ConfigurationError(
+                "activation_checkpointing must be true, false or a list of regexes, got "
+                f"{self.activation_checkpointing!r}"
+            )
+        for pattern in patterns:
+            compile_pattern(pattern)
+
+
+def compile_pattern(pattern: str) -> re.Pattern:
+    if not isinstance(pattern, str):
+        raise ConfigurationError(f"module patterns must be strings, got {pattern!r}")
+    try:
+        return re.compile(pattern)
+    except re.error as error:
+        raise ConfigurationError(
+            f"module pattern {pattern!r} is not a valid regex: {error}"
+        ) from None
+
+
+def default_unit_patterns(model: torch.nn.Module) -> list[str]:
+    """One pattern per transformer-block class of a Hugging Face model (``_no_split_modules``)."""
+    block_classes: set[str] = set()
+    for module in model.modules():
+        block_classes.update(getattr(module, "_no_split_modules", None) or [])
+    names = [n for n, m in model.named_modules() if type(m).__name__ in block_classes]
+    if not names:
+        raise ConfigurationError(
+            f"{type(model).__name__} names no transformer block classes (_no_split_modules); "
+            "set modules_to_wrap to regexes of the modules to shard separately"
+        )
+    return [re.escape(name) for name in names]
+
+
+def select_modules(model: torch.nn.Module, patterns: Sequence[str], field_name: str) -> list[str]:
+    """Names of the modules matched by ``patterns``, deepest first (so nesting wraps inner first).
+
+    Every pattern must match at least one module; the error lists the closest module names.
+    The root (empty name) can not be selected: it is always a unit of its own.
+    """
+    names = [name for name, _ in model.named_modules() if name]
+    selected: set[str] = set()
+    for pattern in patterns:
+        regex = compile_pattern(pattern)
+        matched = [name for name in names if regex.fullmatch(name)]
+        if not matched:
+            close = difflib.get_close_matches(pattern.replace("\\", ""), names, n=4, cutoff=0.3)
+            hint = f"; close module names: {', '.join(close)}" if close else ""
+            raise ConfigurationError(
+                f"{field_name} pattern {pattern!r} matches no module (patterns must match whole "
+                f"names, e.g. 'model\\.transformer\\.h\\.[0-9]+'){hint}"
+            )
+        selected.update(matched)
+    return sorted(selected, key=lambda name: (-name.count("."), name))
+
+
+def check_tied_parameters(model: torch.nn.Module, unit_names: Sequence[str]) -> None:
+    """Refuse units that would split a tied parameter (e.g. GPT-2's input/output embeddings).
+
+    A parameter shared by several modules must live in one sharding unit: the deepest wrapped
+    ancestor of every module using it must be the same.
+    """
+    owners: dict[int, list[str]] = {}
+    for name, module in model.named_modules():
+        for parameter in module.parameters(recurse=False):
+            owners.setdefault(id(parameter), []).append(name)
+    units = sorted(unit_names, key=len, reverse=True)
+
+    def unit_of(module_name: str) -> str:
+        for unit in units:
+            if module_name == unit or module_name.startswith(unit + "."):
+                return unit
+        return "<root>"
+
+    for modules in owners.values():
+        homes = {unit_of(name) for name in modules}
+        if len(homes) > 1:
+            raise ConfigurationError(
+                f"tied parameter shared by {' and '.join(modules)} would be split across sharding "
+                f"units {', '.join(sorted(homes))}; change modules_to_wrap so that both modules "
+                "are inside the same unit (or neither is wrapped)"
+            )
