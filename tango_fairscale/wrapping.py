@@ -23,13 +23,15 @@ class ShardingConfig(FromParams):
     """How a sharded engine (``fairscale`` or ``fsdp2``) splits and stores the model.
 
     :param modules_to_wrap: regexes of module names that become their own sharding unit; the
-        default is each transformer block of the loaded model (its ``_no_split_modules``).
+        default is each transformer block of the loaded model (its ``_no_split_modules``); an
+        empty list shards the whole model as one unit (the root).
     :param activation_checkpointing: recompute activations in the backward pass instead of storing
         them: ``true`` for every module in ``modules_to_wrap``, or a list of regexes.
     :param reshard_after_forward: free gathered parameters after each unit's forward (less memory,
         one more all-gather in the backward pass).
     :param flatten_parameters: one flat parameter per unit (FairScale only; FSDP2 never flattens).
     :param cpu_offload: keep the sharded parameters and gradients in CPU memory.
+    :param compile: ``torch.compile`` each unit (FSDP2 only), after checkpointing, before sharding.
     """
 
     modules_to_wrap: list[str] | None = None
@@ -37,6 +39,7 @@ class ShardingConfig(FromParams):
     reshard_after_forward: bool = True
     flatten_parameters: bool = True
     cpu_offload: bool = False
+    compile: bool = False
 
     def __post_init__(self) -> None:
         patterns = list(self.modules_to_wrap or [])
@@ -124,3 +127,27 @@ def check_tied_parameters(model: torch.nn.Module, unit_names: Sequence[str]) -> 
                 f"units {', '.join(sorted(homes))}; change modules_to_wrap so that both modules "
                 "are inside the same unit (or neither is wrapped)"
             )
+
+
+def selected_units(model: torch.nn.Module, config: ShardingConfig) -> tuple[list[str], list[str]]:
+    """``(units, checkpointed)``: module names to shard and to checkpoint, deepest first, checked
+    against the model (patterns must match, tied parameters must stay in one unit)."""
+    patterns = (
+        default_unit_patterns(model) if config.modules_to_wrap is None else config.modules_to_wrap
+    )
+    units = select_modules(model, patterns, "modules_to_wrap")
+    check_tied_parameters(model, units)
+    checkpointed: list[str] = []
+    if config.activation_checkpointing is True:
+        checkpointed = units
+    elif config.activation_checkpointing:
+        checkpointed = select_modules(
+            model, config.activation_checkpointing, "activation_checkpointing"
+        )
+    return units, checkpointed
+
+
+def replace_module(root: torch.nn.Module, name: str, new: torch.nn.Module) -> None:
+    """Put ``new`` where the submodule ``name`` of ``root`` is."""
+    parent_name, _, child = name.rpartition(".")
+    setattr(root.get_submodule(parent_name), child, new)

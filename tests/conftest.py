@@ -91,6 +91,7 @@ def train_tiny(
         "type": engine,
         "precision": "32-true",
         "optimizer": {"type": "torch::AdamW", "lr": 1e-3},
+        "max_grad_norm": 0.5,  # below the tiny model's gradient norm: clipping is exercised
         **engine_params,
     }
     step = TrainStep(

@@ -99,6 +99,8 @@ class Engine(TrainingEngine):
 
     #: Whether every rank holds different model/optimizer state (and so writes its own file).
     sharded = False
+    #: Whether a checkpoint written by N processes loads on another number of processes.
+    reshards_checkpoints = True
 
     def __init__(
         self,
@@ -239,6 +241,13 @@ class Engine(TrainingEngine):
         os.replace(path.with_suffix(".tmp"), path)
 
     def load_checkpoint(self, checkpoint_dir: Path) -> dict[str, Any]:
+        if not self.reshards_checkpoints:
+            written_by = len(list(checkpoint_dir.glob("rank*.pt")))
+            if written_by != self.train_config.world_size:
+                raise ConfigurationError(
+                    f"checkpoint {checkpoint_dir} holds the shards of {written_by} processes and "
+                    f"this engine cannot reshard them; resume with device_count={written_by}"
+                )
         rank = self.train_config.worker_id if self.sharded else 0
         state = torch.load(
             self._state_file(checkpoint_dir, rank), map_location="cpu", weights_only=True

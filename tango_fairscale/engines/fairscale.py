@@ -15,12 +15,7 @@ from tango.integrations.torch import LRScheduler, Model, Optimizer, TrainConfig,
 
 from .. import compat
 from ..model import ModelWrapper
-from ..wrapping import (
-    ShardingConfig,
-    check_tied_parameters,
-    default_unit_patterns,
-    select_modules,
-)
+from ..wrapping import ShardingConfig, replace_module, selected_units
 from .base import Engine
 
 
@@ -44,6 +39,7 @@ class FairScaleEngine(Engine):
     """
 
     sharded = True
+    reshards_checkpoints = False
 
     def __init__(
         self,
@@ -61,6 +57,10 @@ class FairScaleEngine(Engine):
             raise ConfigurationError(
                 "the fairscale engine keeps fp32 master weights; use 'bf16-mixed' instead of "
                 "'bf16-true' (or engine 'ddp' / 'fsdp2' for pure bf16)"
+            )
+        if self.sharding.compile:
+            raise ConfigurationError(
+                "sharding.compile is supported by the fsdp2 engine only; remove it or use fsdp2"
             )
         compat.patch_fairscale_for_cpu()
         super().__init__(
@@ -81,21 +81,12 @@ class FairScaleEngine(Engine):
         for parameter in model.parameters():
             if not parameter.untyped_storage().resizable():
                 parameter.data = parameter.data.clone()
-        unit_patterns = config.modules_to_wrap or default_unit_patterns(model)
-        units = select_modules(model, unit_patterns, "modules_to_wrap")
-        check_tied_parameters(model, units)
-        checkpointed: list[str] = []
-        if config.activation_checkpointing is True:
-            checkpointed = units
-        elif config.activation_checkpointing:
-            checkpointed = select_modules(
-                model, config.activation_checkpointing, "activation_checkpointing"
-            )
+        units, checkpointed = selected_units(model, config)
         # Order: checkpointing inside sharding, innermost modules first.
         for name in checkpointed:
-            _replace(model, name, checkpoint_wrapper(model.get_submodule(name)))
+            replace_module(model, name, checkpoint_wrapper(model.get_submodule(name)))
         for name in units:
-            _replace(model, name, self._fsdp(model.get_submodule(name)))
+            replace_module(model, name, self._fsdp(model.get_submodule(name)))
         return self._fsdp(model)  # type: ignore[return-value]
 
     def _fsdp(self, module: torch.nn.Module) -> FSDP:
@@ -144,8 +135,3 @@ class FairScaleEngine(Engine):
         if self.train_config.worker_id != 0:
             return None
         return {key: value.detach().cpu().clone() for key, value in state.items()}
-
-
-def _replace(root: torch.nn.Module, name: str, new: torch.nn.Module) -> None:
-    parent_name, _, child = name.rpartition(".")
-    setattr(root.get_submodule(parent_name), child, new)

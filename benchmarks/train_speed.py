@@ -1,0 +1,662 @@
+"""Training throughput and memory of the package's engines on GPT-2-shaped models.
+
+Every configuration runs in its own freshly spawned process group (one process per GPU, NCCL; gloo
+on CPU), so an out-of-memory error or a hang in one is recorded and the rest still run. Engines are
+built the way the training step builds them: a Tango ``TrainConfig``, a ``Lazy`` ``ModelWrapper``
+(random init from a GPT-2 config, dropout as in GPT-2), a ``Lazy`` ``torch::AdamW``, and the engine
+class constructed directly; each step is ``forward_train`` -> ``backward`` -> ``step`` on a fixed
+synthetic batch of ``batch_size x seq_len`` tokens per GPU, every token scored.
+
+Configurations are ``ENGINE-PRECISION[-MODIFIER...]``:
+
+* ENGINE: ``ddp`` (``DDPEngine``; a bare model at world size 1), ``fairscale``
+  (``FairScaleEngine``) or ``fsdp2`` (``FSDP2Engine``).
+* PRECISION: ``fp32`` (``32-true``), ``bf16`` (``bf16-mixed``: autocast for ddp, FSDP mixed
+  precision for fairscale), ``fp16`` / ``16-mixed`` (``16-mixed`` + grad scaler), ``bf16true``
+  (``bf16-true``).
+* MODIFIERS (sharded engines): ``root`` (no per-block units), ``ckpt`` (activation
+  checkpointing of every unit), ``offload`` (CPU offload), ``noflat``, ``noreshard``, ``compile``
+  (fsdp2 only).
+
+Run by path (``benchmarks/`` is not a package)::
+
+    python benchmarks/train_speed.py --world-size 1,2 --shapes 124m \
+        --configs ddp-fp32,ddp-bf16,fairscale-bf16,fairscale-bf16-ckpt \
+        --tokenizer .gpudata/gpt2-tokenizer --out /tmp/speed.json
+    python benchmarks/train_speed.py --tiny --world-size 1,2 --out /tmp/speed-cpu.json  # CPU smoke
+
+Writes ``--out`` (JSON, rewritten after every configuration) and the same name with ``.md``: a table
+with ratios against the DDP baseline of the same shape and world size measured in this run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _bench  # noqa: E402
+
+_bench.setup_paths()
+
+#: ``modules_to_wrap: []``: no inner units, the whole model is one root unit (catwalk's setting).
+ROOT_ONLY_PATTERNS: list[str] = []
+
+MODIFIERS = ("root", "ckpt", "offload", "noflat", "noreshard", "compile")
+LIGHTNING_PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true")
+
+
+# --- configurations ---------------------------------------------------------------------------
+
+
+def parse_config(name: str) -> dict[str, Any]:
+    """``fairscale-bf16-ckpt`` -> engine, precision, sharding (errors say what to change)."""
+    engine, _, rest = name.partition("-")
+    if engine not in ("ddp", "fairscale", "fsdp2"):
+        raise SystemExit(f"config {name!r}: engine must be 'ddp', 'fairscale' or 'fsdp2'")
+    precision = next(
+        (p for p in LIGHTNING_PRECISIONS if rest == p or rest.startswith(p + "-")), None
+    )
+    if precision is not None:
+        rest = rest[len(precision) :].lstrip("-")
+    else:
+        token, _, rest = rest.partition("-")
+        if token not in _bench.PRECISION_ALIASES:
+            raise SystemExit(
+                f"config {name!r}: precision {token!r} unknown; use one of "
+                f"{', '.join(_bench.PRECISION_ALIASES)} or {', '.join(LIGHTNING_PRECISIONS)}"
+            )
+        precision = _bench.PRECISION_ALIASES[token]
+    modifiers = [m for m in rest.split("-") if m]
+    unknown = [m for m in modifiers if m not in MODIFIERS]
+    if unknown:
+        raise SystemExit(f"config {name!r}: unknown modifier(s) {unknown}; use {MODIFIERS}")
+    if engine == "ddp" and modifiers:
+        raise SystemExit(f"config {name!r}: modifiers {modifiers} apply to sharded engines only")
+    if "compile" in modifiers and engine != "fsdp2":
+        raise SystemExit(f"config {name!r}: 'compile' applies to 'fsdp2' only")
+    if "root" in modifiers and "ckpt" in modifiers:
+        raise SystemExit(f"config {name!r}: 'ckpt' checkpoints the units, and 'root' has none")
+    sharding: dict[str, Any] = {}
+    if "root" in modifiers:
+        sharding["modules_to_wrap"] = ROOT_ONLY_PATTERNS
+    if "ckpt" in modifiers:
+        sharding["activation_checkpointing"] = True
+    if "offload" in modifiers:
+        sharding["cpu_offload"] = True
+    if "noflat" in modifiers:
+        sharding["flatten_parameters"] = False
+    if "noreshard" in modifiers:
+        sharding["reshard_after_forward"] = False
+    if "compile" in modifiers:
+        sharding["compile"] = True
+    return {
+        "config": name,
+        "engine": engine,
+        "precision": precision,
+        "modifiers": modifiers,
+        "sharding": sharding if engine != "ddp" else None,
+    }
+
+
+def count_parameters(model_config: dict[str, Any]) -> int:
+    """Unique parameters of the Hugging Face model (meta device: no memory, no init)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = dict(model_config)
+    hf_config = AutoConfig.for_model(config.pop("model_type"), **config)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config)
+    return sum(p.numel() for p in model.parameters())
+
+
+# --- one configuration, one process per device ------------------------------------------------
+
+
+def _worker(rank: int, spec: dict[str, Any], result_dir: str) -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    result: dict[str, Any] = {"rank": rank}
+    path = Path(result_dir) / f"rank{rank}.json"
+    try:
+        result.update(_measure(rank, spec, Path(result_dir)))
+    except Exception as error:  # recorded, then this process exits non-zero
+        result["error"] = "OOM" if _bench.is_oom(error) else "error"
+        result["message"] = _bench.short_error(error)
+        result["traceback"] = traceback.format_exc()[-3000:]
+        _bench.write_json(path, result)
+        print(f"[rank {rank}] {spec['config']} failed: {result['message']}", flush=True)
+        raise SystemExit(1) from None
+    _bench.write_json(path, result)
+
+
+def _measure(rank: int, spec: dict[str, Any], result_dir: Path) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+    from tango.common import Lazy, Params
+    from tango.integrations.torch import Optimizer, TrainConfig
+
+    from tango_fairscale.engines import DDPEngine, FairScaleEngine, FSDP2Engine
+    from tango_fairscale.model import ModelWrapper
+    from tango_fairscale.wrapping import ShardingConfig
+
+    started = time.perf_counter()
+    world_size = spec["world_size"]
+    cuda = spec["cuda"]
+    config = TrainConfig(
+        "train-speed",
+        result_dir / "work",
+        step_name="train_speed",
+        worker_id=rank,
+        seed=spec["seed"],
+        train_steps=spec["warmup"] + spec["steps"],
+        is_distributed=world_size > 1,
+        devices=list(range(world_size)) if cuda else [-1] * world_size,
+        distributed_port=spec["port"],
+        world_size=world_size,
+    )
+    device = config.worker_local_default_device
+    if cuda:
+        torch.cuda.set_device(device)
+    torch.manual_seed(spec["seed"])
+
+    model_params = {"config": spec["model_config"], "tokenizer": spec["tokenizer"], "seed": 0}
+    lazy_model = Lazy(ModelWrapper, Params(model_params))
+    init_on_device = cuda and spec["init_device"] == "cuda" and "offload" not in spec["modifiers"]
+    model: Any = lazy_model
+    if init_on_device:
+        # Same model, built directly on the GPU (CPU init of 1.5B parameters takes ~30 s);
+        # the engine accepts a constructed Model as well as a Lazy one.
+        with torch.device(device):
+            model = lazy_model.construct()
+    optimizer = Lazy(
+        Optimizer, Params({"type": "torch::AdamW", "lr": spec["lr"], "weight_decay": 0.0})
+    )
+    kwargs: dict[str, Any] = {
+        "train_config": config,
+        "model": model,
+        "optimizer": optimizer,
+        "precision": spec["precision"],
+        "max_grad_norm": spec["max_grad_norm"],
+    }
+    engine_class: Any = {"ddp": DDPEngine, "fairscale": FairScaleEngine, "fsdp2": FSDP2Engine}[
+        spec["engine"]
+    ]
+    if spec["engine"] != "ddp":
+        kwargs["sharding"] = ShardingConfig(**spec["sharding"])
+    engine = engine_class(**kwargs)
+    setup_s = time.perf_counter() - started
+    _inject_fault(rank)
+
+    fsdp_units = None
+    if spec["engine"] == "fairscale":
+        from fairscale.nn.data_parallel import FullyShardedDataParallel
+
+        fsdp_units = sum(isinstance(m, FullyShardedDataParallel) for m in engine.model.modules())
+
+    generator = torch.Generator().manual_seed(spec["seed"] * 1000 + rank)
+    vocab = spec["model_config"]["vocab_size"]
+    input_ids = torch.randint(
+        0, vocab, (spec["batch_size"], spec["seq_len"] + 1), generator=generator
+    )
+    # Every position is scored: ModelWrapper projects all of them through the LM head.
+    batch = {
+        "input_ids": input_ids,
+        "attention_mask": torch.ones_like(input_ids),
+        "labels": input_ids.clone(),
+    }
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize(device)
+
+    memory_after_setup = None
+    if cuda:
+        gc.collect()
+        sync()
+        torch.cuda.empty_cache()
+        memory_after_setup = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    if dist.is_initialized():
+        dist.barrier()
+
+    engine.model.train()
+    times: list[float] = []
+    losses = []
+    for _ in range(spec["warmup"] + spec["steps"]):
+        sync()
+        begin = time.perf_counter()
+        loss, _outputs = engine.forward_train(batch, 0, 1)
+        engine.backward(loss)
+        engine.step()
+        sync()
+        times.append(time.perf_counter() - begin)
+        losses.append(loss.detach())
+    del _outputs, loss
+
+    result: dict[str, Any] = {
+        "step_times_s": [round(t, 5) for t in times],
+        "losses": [float(x) for x in losses],
+        "setup_s": round(setup_s, 2),
+        "init_device": "cuda" if init_on_device else "cpu",
+        "fsdp_units": fsdp_units,
+        "device": str(device),
+    }
+    if cuda:
+        result.update(
+            peak_allocated=torch.cuda.max_memory_allocated(device),
+            peak_reserved=torch.cuda.max_memory_reserved(device),
+            allocated_after_setup=memory_after_setup,
+            device_name=torch.cuda.get_device_name(device),
+            device_count=torch.cuda.device_count(),
+        )
+        if rank == 0:
+            result["gpu_info"] = _bench.gpu_info()
+    if engine.grad_scaler is not None:
+        result["grad_scale_final"] = float(engine.grad_scaler.get_scale())
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    return result
+
+
+def _inject_fault(rank: int) -> None:
+    """Smoke-test hook: ``TRAIN_SPEED_FAULT=oom:RANK`` or ``hang:RANK`` (never set in real runs)."""
+    fault = os.environ.get("TRAIN_SPEED_FAULT", "")
+    kind, _, fault_rank = fault.partition(":")
+    if not fault or int(fault_rank) != rank:
+        return
+    if kind == "oom":
+        import torch
+
+        raise torch.OutOfMemoryError(f"injected by TRAIN_SPEED_FAULT={fault}")
+    if kind == "hang":
+        time.sleep(10**6)
+
+
+# --- the launcher -----------------------------------------------------------------------------
+
+
+def run_config(spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    """Spawn ``world_size`` processes for one configuration; collect what they report."""
+    import torch.multiprocessing as mp
+
+    result_dir = Path(tempfile.mkdtemp(prefix="train-speed-"))
+    started = time.perf_counter()
+    failure = None
+    try:
+        context = mp.start_processes(
+            _worker,
+            args=(spec, str(result_dir)),
+            nprocs=spec["world_size"],
+            join=False,
+            start_method="spawn",
+        )
+        deadline = started + timeout_s
+        while True:
+            try:
+                if context.join(timeout=2, grace_period=5):
+                    break
+            except Exception as error:  # a rank exited non-zero; the others were stopped
+                failure = _bench.short_error(error)
+                break
+            if time.perf_counter() > deadline:
+                failure = f"timeout: no result within {timeout_s:.0f} s"
+                for process in context.processes:
+                    if process.is_alive():
+                        process.terminate()
+                for process in context.processes:
+                    process.join(10)
+                    if process.is_alive():
+                        process.kill()
+                        process.join()
+                break
+        ranks = []
+        for rank in range(spec["world_size"]):
+            path = result_dir / f"rank{rank}.json"
+            ranks.append(json.loads(path.read_text()) if path.is_file() else {"rank": rank})
+    finally:
+        shutil.rmtree(result_dir, ignore_errors=True)
+    wall_s = round(time.perf_counter() - started, 1)
+    return summarize(spec, ranks, failure, wall_s)
+
+
+def summarize(
+    spec: dict[str, Any], ranks: list[dict[str, Any]], failure: str | None, wall_s: float
+) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        key: spec[key]
+        for key in (
+            "world_size",
+            "shape",
+            "config",
+            "engine",
+            "precision",
+            "modifiers",
+            "sharding",
+            "batch_size",
+            "seq_len",
+            "warmup",
+            "steps",
+            "n_params",
+        )
+    }
+    row["wall_s"] = wall_s
+    errors = [r for r in ranks if "error" in r]
+    if errors or failure:
+        first = next((r for r in errors if r["error"] == "OOM"), errors[0] if errors else None)
+        row["error"] = first["error"] if first else (failure or "crash").split(":")[0]
+        if row["error"] not in ("timeout", "OOM", "error"):
+            row["error"] = "crash"
+        row["message"] = first["message"] if first else failure
+        if first:
+            row["traceback"] = first.get("traceback")
+        return row
+    main = ranks[0]
+    times = main["step_times_s"][spec["warmup"] :]
+    step_s = _bench.median(times)
+    tokens_per_gpu = spec["batch_size"] * spec["seq_len"]
+    tokens_per_s = tokens_per_gpu / step_s
+    shape = spec["model_config"]
+    flops_per_token = (
+        6 * spec["n_params"] + 12 * shape["n_layer"] * shape["n_embd"] * spec["seq_len"]
+    )
+    losses = main["losses"]
+    row.update(
+        step_time_s_median=round(step_s, 5),
+        step_time_s_min=min(times),
+        step_time_s_max=max(times),
+        step_times_s=main["step_times_s"],
+        tokens_per_step_per_gpu=tokens_per_gpu,
+        tokens_per_s_per_gpu=round(tokens_per_s, 1),
+        tokens_per_s_total=round(tokens_per_s * spec["world_size"], 1),
+        mfu=round(flops_per_token * tokens_per_s / _bench.PEAK_FLOPS, 6),
+        loss_first=losses[0],
+        loss_last=losses[-1],
+        losses_finite=all(x == x and abs(x) != float("inf") for x in losses),
+        setup_s=main["setup_s"],
+        init_device=main["init_device"],
+        fsdp_units=main["fsdp_units"],
+        grad_scale_final=main.get("grad_scale_final"),
+    )
+    if "peak_allocated" in main:
+        row.update(
+            device_name=main.get("device_name"),
+            peak_allocated_gib=_bench.gib(max(r["peak_allocated"] for r in ranks)),
+            peak_reserved_gib=_bench.gib(max(r["peak_reserved"] for r in ranks)),
+            peak_allocated_gib_per_rank=[_bench.gib(r["peak_allocated"]) for r in ranks],
+            peak_reserved_gib_per_rank=[_bench.gib(r["peak_reserved"]) for r in ranks],
+            allocated_after_setup_gib_per_rank=[
+                _bench.gib(r["allocated_after_setup"]) for r in ranks
+            ],
+        )
+    if "gpu_info" in main:
+        row["gpu_info"] = main["gpu_info"]
+    return row
+
+
+# --- baselines and the markdown table ---------------------------------------------------------
+
+
+def baseline_for(row: dict[str, Any], rows: list[dict[str, Any]], preference: list[str]) -> Any:
+    """DDP of the same precision, shape and world size if measured, else per ``preference``."""
+    group = [
+        r
+        for r in rows
+        if r["engine"] == "ddp"
+        and "error" not in r
+        and r["shape"] == row["shape"]
+        and r["world_size"] == row["world_size"]
+    ]
+    same = [r for r in group if r["precision"] == row["precision"]]
+    if same:
+        return same[0]
+    for name in preference:
+        for r in group:
+            if r["config"] == name:
+                return r
+    return group[0] if group else None
+
+
+def add_ratios(rows: list[dict[str, Any]], preference: list[str]) -> None:
+    for row in rows:
+        base = baseline_for(row, rows, preference)
+        row["baseline"] = base["config"] if base else None
+        if base is None or "error" in row:
+            continue
+        row["tokens_per_s_vs_baseline"] = round(
+            row["tokens_per_s_per_gpu"] / base["tokens_per_s_per_gpu"], 3
+        )
+        if row.get("peak_allocated_gib") and base.get("peak_allocated_gib"):
+            row["peak_allocated_vs_baseline"] = round(
+                row["peak_allocated_gib"] / base["peak_allocated_gib"], 3
+            )
+
+
+def markdown(report: dict[str, Any]) -> str:
+    env = report["environment"]
+    settings = report["settings"]
+    lines = [
+        f"# Training speed: {env.get('gpu_name') or 'CPU'} x{env.get('gpu_count')}, "
+        f"commit {str(env.get('commit'))[:12]}, torch {env.get('torch')}",
+        "",
+        f"Per-GPU batch x {settings['seq_len']} tokens (every token scored), AdamW; median step "
+        "after warmup; tokens/s per GPU; MFU = " + _bench.MFU_FORMULA + ". `x base`: ratio to "
+        "the DDP run of the same shape, world size and (if measured) precision, in this run.",
+        "",
+        "| world | shape | config | batch | step ms | tokens/s/GPU | x base | MFU % | "
+        "peak alloc GiB | x base | peak reserved GiB | units | base | note |",
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+
+    def fmt(value: Any, spec: str = "") -> str:
+        return "–" if value is None else format(value, spec)
+
+    for r in report["results"]:
+        if "error" in r:
+            note = r["error"] + (f": {r['message'][:80]}" if r.get("message") else "")
+            lines.append(
+                f"| {r['world_size']} | {r['shape']} | {r['config']} | {r['batch_size']} "
+                f"| – | – | – | – | – | – | – | – | {r.get('baseline') or '–'} | {note} |"
+            )
+            continue
+        note = "" if r["losses_finite"] else "non-finite loss"
+        mfu = None if r.get("mfu") is None else 100 * r["mfu"]
+        lines.append(
+            f"| {r['world_size']} | {r['shape']} | {r['config']} | {r['batch_size']} "
+            f"| {1000 * r['step_time_s_median']:.1f} | {r['tokens_per_s_per_gpu']:,.0f} "
+            f"| {fmt(r.get('tokens_per_s_vs_baseline'), '.2f')} | {fmt(mfu, '.1f')} "
+            f"| {fmt(r.get('peak_allocated_gib'), '.1f')} "
+            f"| {fmt(r.get('peak_allocated_vs_baseline'), '.2f')} "
+            f"| {fmt(r.get('peak_reserved_gib'), '.1f')} | {fmt(r.get('fsdp_units'))} "
+            f"| {r.get('baseline') or '–'} | {note} |"
+        )
+    if any("root" in r["modifiers"] for r in report["results"]):
+        lines += [
+            "",
+            "`root`: `modules_to_wrap: []`, the whole model one FSDP unit (catwalk's setting).",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+# --- main -------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--world-size", default="1", help="comma list, e.g. 1,2")
+    parser.add_argument(
+        "--shapes", default="124m", help=f"comma list of {', '.join(_bench.SHAPES)}"
+    )
+    parser.add_argument("--configs", default="ddp-fp32,ddp-bf16,fairscale-fp32,fairscale-bf16")
+    parser.add_argument(
+        "--plan",
+        action="append",
+        default=[],
+        metavar="SHAPE:CONFIG,CONFIG",
+        help="instead of --shapes x --configs: one shape with its configs (repeatable)",
+    )
+    parser.add_argument(
+        "--batch-size",
+        default="124m=16,355m=16,774m=8,1.5b=8,tiny=2",
+        help="per GPU: N for all shapes or SHAPE=N,...",
+    )
+    parser.add_argument("--steps", default="10", help="timed steps: N or SHAPE=N,...")
+    parser.add_argument("--warmup", default="3", help="untimed steps first: N or SHAPE=N,...")
+    parser.add_argument("--seq-len", type=int, default=1024)
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--max-grad-norm", type=float, default=None)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--tokenizer", default=str(_bench.REPO_ROOT / ".gpudata" / "gpt2-tokenizer")
+    )
+    parser.add_argument(
+        "--init-device",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="where the random init runs on a GPU machine (cpu = exactly the "
+        "training step's path; offload configs always init on CPU)",
+    )
+    parser.add_argument(
+        "--baseline",
+        default="ddp-bf16,ddp-fp32",
+        help="fallback baseline order when no DDP run has the same precision",
+    )
+    parser.add_argument("--config-timeout", type=float, default=240.0, help="seconds per config")
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="skip configs that would start after this many seconds",
+    )
+    parser.add_argument("--commit", default=None, help="code commit (default BENCH_COMMIT / git)")
+    parser.add_argument("--out", type=Path, required=True, help="result JSON (and .md beside it)")
+    parser.add_argument(
+        "--tiny",
+        action="store_true",
+        help="CPU smoke test: shape tiny, seq 64, batch 2, 3 steps, 1 warmup",
+    )
+    args = parser.parse_args(argv)
+    if args.tiny:
+        args.shapes, args.seq_len, args.batch_size = "tiny", 64, "2"
+        args.steps, args.warmup = "3", "1"
+        args.plan = [p.replace(p.split(":")[0], "tiny", 1) for p in args.plan]
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    started = time.perf_counter()
+    world_sizes = [int(w) for w in args.world_size.split(",")]
+    if args.plan:
+        plan = []
+        for entry in args.plan:
+            shape, _, configs = entry.partition(":")
+            plan.append((shape, [c for c in configs.split(",") if c]))
+    else:
+        plan = [(s, [c for c in args.configs.split(",") if c]) for s in args.shapes.split(",")]
+    parsed = {c: parse_config(c) for _, configs in plan for c in configs}  # fail fast
+    tokenizer = str(Path(args.tokenizer).resolve())
+    if not Path(tokenizer).is_dir():
+        raise SystemExit(f"--tokenizer {tokenizer} is not a directory (GPT-2 tokenizer files)")
+    cuda = torch.cuda.is_available()
+    gpus = torch.cuda.device_count() if cuda else 0
+
+    environment = _bench.environment(args.commit, query_gpu=False)
+    report: dict[str, Any] = {
+        "benchmark": "train_speed",
+        "environment": environment,
+        "settings": {
+            **{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            "plan": plan,
+            "device": "cuda" if cuda else "cpu",
+            "optimizer": {"type": "torch::AdamW", "lr": args.lr, "weight_decay": 0.0},
+            "batch_size_meaning": "per GPU (each rank gets its own batch_size x seq_len tokens)",
+            "timing": "cuda.synchronize before and after each step; median of the steps after "
+            "warmup (rank 0); the step is forward_train + backward + step",
+            "data": "fixed random token ids, labels = inputs (every position scored)",
+            "mfu_formula": _bench.MFU_FORMULA,
+            "peak_flops": _bench.PEAK_FLOPS,
+            "root_only_patterns": ROOT_ONLY_PATTERNS,
+        },
+        "results": [],
+    }
+    md_path = args.out.with_suffix(".md")
+    n_params_cache: dict[str, int] = {}
+    for world_size in world_sizes:
+        for shape, configs in plan:
+            model_config = _bench.gpt2_config(shape)
+            if shape not in n_params_cache:
+                n_params_cache[shape] = count_parameters(model_config)
+            for name in configs:
+                spec = {
+                    **parsed[name],
+                    "world_size": world_size,
+                    "shape": shape,
+                    "model_config": model_config,
+                    "n_params": n_params_cache[shape],
+                    "batch_size": _bench.per_shape(args.batch_size, shape),
+                    "steps": _bench.per_shape(args.steps, shape),
+                    "warmup": _bench.per_shape(args.warmup, shape),
+                    "seq_len": args.seq_len,
+                    "lr": args.lr,
+                    "max_grad_norm": args.max_grad_norm,
+                    "seed": args.seed,
+                    "tokenizer": tokenizer,
+                    "init_device": args.init_device,
+                    "cuda": cuda,
+                    "port": _bench.free_port(),
+                }
+                elapsed = time.perf_counter() - started
+                remaining = None if args.budget_s is None else args.budget_s - elapsed
+                label = f"world {world_size} {shape} {name}"
+                if cuda and world_size > gpus:
+                    row = summarize(spec, [], f"needs {world_size} GPUs, {gpus} visible", 0.0)
+                    row["error"] = "skipped"
+                elif remaining is not None and remaining < 20:
+                    row = summarize(spec, [], "budget spent", 0.0)
+                    row["error"] = "skipped"
+                else:
+                    timeout = (
+                        args.config_timeout
+                        if remaining is None
+                        else min(args.config_timeout, remaining)
+                    )
+                    print(f"=== {label}: start (timeout {timeout:.0f} s)", flush=True)
+                    row = run_config(spec, timeout)
+                report["results"].append(row)
+                if "gpu_info" in row:
+                    environment.update(row.pop("gpu_info"))
+                add_ratios(report["results"], args.baseline.split(","))
+                report["total_wall_s"] = round(time.perf_counter() - started, 1)
+                _bench.write_json(args.out, report)
+                _bench.write_text(md_path, markdown(report))
+                print(f"=== {label}: {one_line(row)}", flush=True)
+    print(markdown(report))
+    return 0
+
+
+def one_line(row: dict[str, Any]) -> str:
+    if "error" in row:
+        return f"{row['error']} {row.get('message') or ''} ({row['wall_s']} s)"
+    memory = row.get("peak_allocated_gib")
+    return (
+        f"{1000 * row['step_time_s_median']:.1f} ms/step, {row['tokens_per_s_per_gpu']:,.0f} "
+        f"tokens/s/GPU, MFU {100 * row['mfu']:.1f}%, peak {memory} GiB, "
+        f"loss {row['loss_first']:.3f}->{row['loss_last']:.3f} ({row['wall_s']} s)"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
