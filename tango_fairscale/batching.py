@@ -51,13 +51,14 @@ def encode_pair(tokenizer: Any, context: str, continuation: str, max_length: int
         continuation = context[-n_spaces:] + continuation
         context = context[:-n_spaces]
     whole = tokenizer(context + continuation, add_special_tokens=False)["input_ids"]
-    context_length = len(tokenizer(context, add_special_tokens=False)["input_ids"])
-    continuation_length = len(whole) - context_length
-    if continuation_length < 1:
+    context_tokens = tokenizer(context, add_special_tokens=False)["input_ids"]
+    continuation_tokens = whole[len(context_tokens) :]
+    if not continuation_tokens:
         raise ValueError(f"continuation {continuation!r} encodes to no tokens after {context!r}")
-    tokens = whole[-(max_length + 1) :]
+    # The model sees the context's own tokens, then the continuation's (as lm-eval feeds them).
+    tokens = (context_tokens + continuation_tokens)[-(max_length + 1) :]
     # A continuation longer than the window is scored on the tokens the model can predict.
-    return Query(tuple(tokens), min(continuation_length, len(tokens) - 1))
+    return Query(tuple(tokens), min(len(continuation_tokens), len(tokens) - 1))
 
 
 def choice_queries(

@@ -44,12 +44,11 @@ def score_queries(
     batches = length_sorted_batches(queries, batch_size)
     total = max(num_forwards or 0, len(batches))
     scores = [0.0] * len(queries)
-    filler = collate([min(queries, key=len)], pad_token_id) if queries else None
+    filler = collate([Query((pad_token_id, pad_token_id), 1)], pad_token_id)  # any tokens serve
     for index in Tqdm.tqdm(range(total), desc="Scoring", disable=not progress):
         if index < len(batches):
             batch = collate([queries[i] for i in batches[index]], pad_token_id)
         else:
-            assert filler is not None, "a rank with no queries cannot pad the forwards"
             batch = filler
         batch = {name: tensor.to(device, non_blocking=True) for name, tensor in batch.items()}
         loglikelihood = forward(batch)["loglikelihood"].float().cpu().tolist()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from pathlib import Path
@@ -10,6 +9,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 from tango.common.exceptions import ConfigurationError
 from tango.integrations.torch import Model
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
@@ -17,6 +17,9 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from .batching import IGNORE_INDEX
 
 logger = logging.getLogger(__name__)
+
+#: Rows of logits computed at once (a 4096 × 50257 fp32 chunk is 0.8 GB).
+LOGIT_CHUNK_ROWS = 4096
 
 
 @Model.register("tango_fairscale::causal_lm")
@@ -94,8 +97,7 @@ class ModelWrapper(Model):
         targets = labels[:, 1:]
         scored = targets != IGNORE_INDEX
         # The vocabulary projection only where a token is scored: a fraction of the sequence.
-        logits = self.model.get_output_embeddings()(hidden[scored]).float()
-        token_nll = F.cross_entropy(logits, targets[scored], reduction="none")
+        token_nll = self._token_nll(hidden[scored], targets[scored])
         rows = scored.nonzero()[:, 0]
         row_nll = torch.zeros(len(input_ids), dtype=token_nll.dtype, device=token_nll.device)
         row_nll = row_nll.index_add(0, rows, token_nll)
@@ -103,10 +105,42 @@ class ModelWrapper(Model):
         loss = (row_nll / num_tokens.clamp(min=1)).mean()
         return {"loss": loss, "loglikelihood": -row_nll, "num_tokens": num_tokens}
 
+    def _token_nll(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy of each scored token, ``LOGIT_CHUNK_ROWS`` rows of logits at a time.
+
+        fp32 logits are ``rows × vocabulary`` (3.3 GB for 16 × 1024 GPT-2 tokens); in chunks, and
+        recomputed in the backward pass instead of stored, they never exist all at once.
+        """
+        head = self.model.get_output_embeddings()
+        if len(targets) <= LOGIT_CHUNK_ROWS or not torch.is_grad_enabled():
+            return torch.cat(
+                [
+                    _chunk_nll(
+                        head, hidden[i : i + LOGIT_CHUNK_ROWS], targets[i : i + LOGIT_CHUNK_ROWS]
+                    )
+                    for i in range(0, len(targets), LOGIT_CHUNK_ROWS)
+                ]
+            )
+        chunks = [
+            checkpoint(
+                _chunk_nll,
+                head,
+                hidden[i : i + LOGIT_CHUNK_ROWS],
+                targets[i : i + LOGIT_CHUNK_ROWS],
+                use_reentrant=False,
+            )
+            for i in range(0, len(targets), LOGIT_CHUNK_ROWS)
+        ]
+        return torch.cat(chunks)
+
     def save(self, directory: Path) -> None:
         """Write weights (safetensors), config and tokenizer in Hugging Face's layout."""
         self.model.save_pretrained(directory)
         self.tokenizer.save_pretrained(directory)
+
+
+def _chunk_nll(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(head(hidden).float(), targets, reduction="none")
 
 
 def _build_model(model: str | None, config: dict[str, Any] | None, seed: int) -> PreTrainedModel:
@@ -166,9 +200,3 @@ def _cannot_load(what: str, source: str, error: Exception) -> str:
         where = f"{source!r} (neither a local directory nor reachable on the Hugging Face hub)"
     reason = " ".join(str(error).split())[:300]
     return f"cannot load {what} from {where}: {reason}"
-
-
-def model_summary(model: ModelWrapper) -> str:
-    """One line naming the architecture and size, for logs."""
-    num_params = sum(p.numel() for p in model.model.parameters())
-    return json.dumps({"architecture": type(model.model).__name__, "parameters": num_params})

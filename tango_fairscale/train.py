@@ -76,7 +76,8 @@ class TrainStep(Step[ModelWrapper]):
     :param device_count: processes, one per GPU (or CPU processes over gloo without GPUs).
 
     Returns the trained model; its ``training_log`` holds the logged loss and accuracy by step.
-    ``log_every``, ``eval_batch_size`` and ``distributed_port`` are not part of the cache key.
+    ``log_every``, ``eval_batch_size``, ``distributed_port`` and ``device_count`` are not part of
+    the cache key: 1 or 8 devices train the same model (up to float rounding).
 
     Example (Jsonnet)::
 
@@ -89,7 +90,9 @@ class TrainStep(Step[ModelWrapper]):
     DETERMINISTIC = True
     CACHEABLE = True
     FORMAT: Format = ModelFormat()
-    SKIP_ID_ARGUMENTS = {"log_every", "eval_batch_size", "distributed_port"}
+    # The result does not depend on the number of devices (the batch is global), so a run may be
+    # resumed on another number of devices where the engine can reshard its checkpoints.
+    SKIP_ID_ARGUMENTS = {"log_every", "eval_batch_size", "distributed_port", "device_count"}
 
     @property
     def resources(self) -> StepResources:
@@ -152,13 +155,7 @@ class TrainStep(Step[ModelWrapper]):
             distributed_port=distributed_port or free_port(),
             world_size=device_count,
         )
-        plan = TrainPlan(config, model, engine, dataset_dict, batch_size, eval_batch_size)
-        if device_count > 1:
-            import torch.multiprocessing as mp
-
-            mp.spawn(_worker, args=(plan,), nprocs=device_count)
-        else:
-            _worker(0, plan)
+        run_training(TrainPlan(config, model, engine, dataset_dict, batch_size, eval_batch_size))
 
         trained = model.construct()
         assert isinstance(trained, ModelWrapper)
@@ -179,6 +176,16 @@ def _devices(device_count: int) -> list[int]:
             )
         return list(range(device_count))
     return [-1] * device_count
+
+
+def run_training(plan: TrainPlan) -> None:
+    """Train in ``plan.config.work_dir`` (resuming from its newest checkpoint) on every device."""
+    if plan.config.world_size > 1:
+        import torch.multiprocessing as mp
+
+        mp.spawn(_worker, args=(plan,), nprocs=plan.config.world_size)
+    else:
+        _worker(0, plan)
 
 
 def _worker(rank: int, plan: TrainPlan) -> None:

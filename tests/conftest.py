@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -71,6 +72,16 @@ def piqa_small(piqa_dir: Path):
     return read_piqa(piqa_dir, limit=64)
 
 
+def engine_config(engine: str, **engine_params) -> dict:
+    return {
+        "type": engine,
+        "precision": "32-true",
+        "optimizer": {"type": "torch::AdamW", "lr": 1e-3},
+        "max_grad_norm": 0.5,  # below the tiny model's gradient norm: clipping is exercised
+        **engine_params,
+    }
+
+
 def train_tiny(
     workspace: Path,
     model_dir: Path,
@@ -87,16 +98,9 @@ def train_tiny(
 
     from tango_fairscale.train import TrainStep
 
-    engine_config = {
-        "type": engine,
-        "precision": "32-true",
-        "optimizer": {"type": "torch::AdamW", "lr": 1e-3},
-        "max_grad_norm": 0.5,  # below the tiny model's gradient norm: clipping is exercised
-        **engine_params,
-    }
     step = TrainStep(
         model=Lazy(Model, Params({"type": "tango_fairscale::causal_lm", "model": str(model_dir)})),
-        engine=Lazy(TrainingEngine, Params(engine_config)),
+        engine=Lazy(TrainingEngine, Params(engine_config(engine, **engine_params))),
         dataset_dict=dataset_dict,
         train_steps=train_steps,
         batch_size=8,
@@ -106,3 +110,59 @@ def train_tiny(
         log_every=1,
     )
     return step.result(LocalWorkspace(workspace))
+
+
+def train_in(
+    work_dir: Path,
+    model_dir: Path,
+    dataset_dict,
+    engine: str,
+    device_count: int,
+    train_steps: int,
+    **engine_params,
+) -> None:
+    """Run the training loop directly in ``work_dir`` (resuming from its checkpoints), as
+    ``train_tiny`` configures it, so that one run can continue on another number of devices."""
+    from tango.common import Lazy, Params
+    from tango.integrations.torch import Model, TrainConfig, TrainingEngine
+
+    from tango_fairscale.engines.base import free_port
+    from tango_fairscale.train import TrainPlan, run_training
+
+    config = TrainConfig(
+        "test",
+        work_dir,
+        train_steps=train_steps,
+        checkpoint_every=5,
+        validate_every=10,
+        validation_split="validation",
+        log_every=1,
+        is_distributed=device_count > 1,
+        devices=[-1] * device_count,
+        distributed_port=free_port(),
+        world_size=device_count,
+    )
+    model = Lazy(Model, Params({"type": "tango_fairscale::causal_lm", "model": str(model_dir)}))
+    engine_lazy = Lazy(TrainingEngine, Params(engine_config(engine, **engine_params)))
+    run_training(TrainPlan(config, model, engine_lazy, dataset_dict, 8, 32))
+
+
+def assert_same_training(reference, candidate_log, candidate_state) -> None:
+    """Per-step losses within 1e-5 relative, weights within 1e-5, same validation accuracies."""
+    losses = [r["train_loss"] for r in reference.training_log if "train_loss" in r]
+    other = [r["train_loss"] for r in candidate_log if "train_loss" in r]
+    assert len(losses) == len(other) == 20
+    for step, (a, b) in enumerate(zip(losses, other), start=1):
+        assert b == pytest.approx(a, rel=1e-5), f"loss differs at step {step}"
+    expected = reference.state_dict()
+    assert expected.keys() == candidate_state.keys()
+    for key in expected:
+        torch.testing.assert_close(candidate_state[key], expected[key], rtol=0, atol=1e-5, msg=key)
+    accuracies = [r["val_acc"] for r in candidate_log if "val_acc" in r]
+    assert accuracies == [r["val_acc"] for r in reference.training_log if "val_acc" in r]
+
+
+@pytest.fixture(scope="session")
+def ddp_reference(tmp_path_factory, tiny_model_dir: Path, piqa_small):
+    """20 steps of DDP on 2 processes: what every engine and world size must reproduce."""
+    return train_tiny(tmp_path_factory.mktemp("ddp"), tiny_model_dir, piqa_small, device_count=2)

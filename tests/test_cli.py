@@ -107,7 +107,8 @@ def test_console_script_exit_code(piqa_workspace: Path) -> None:
     command = [str(script)] if script.is_file() else [sys.executable, "-m", "tango_fairscale.cli"]
     done = subprocess.run(
         [*command, "results", "-w", str(piqa_workspace), "--run", "nope"],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     assert done.returncode == 2
     assert done.stdout == ""

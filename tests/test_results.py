@@ -32,8 +32,17 @@ LIMIT = 16
 
 
 def _tango_run(workspace: Path, name: str, *, fails: bool = False, **overrides: object) -> None:
-    command = [sys.executable, "-m", "tango", "run", "configs/gpt2_piqa.jsonnet",
-               "-w", str(workspace), "-n", name]
+    command = [
+        sys.executable,
+        "-m",
+        "tango",
+        "run",
+        "configs/gpt2_piqa.jsonnet",
+        "-w",
+        str(workspace),
+        "-n",
+        name,
+    ]
     for key, value in {"limit": LIMIT, "engine": "ddp", **overrides}.items():
         command += ["-D", f"{key}={value}"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -51,12 +60,26 @@ def build_workspace(base: Path, model_dir: Path, piqa_dir: Path) -> Path:
     marker = base / "workspace.done"
     if marker.is_file():
         return workspace
-    _tango_run(workspace, "trained", model=model_dir, data_dir=piqa_dir,
-               train_steps=TRAIN_STEPS, batch_size=4, validate_every=2, lr=1e-3)
+    _tango_run(
+        workspace,
+        "trained",
+        model=model_dir,
+        data_dir=piqa_dir,
+        train_steps=TRAIN_STEPS,
+        batch_size=4,
+        validate_every=2,
+        lr=1e-3,
+    )
     _tango_run(workspace, "zeroshot", model=model_dir, data_dir=piqa_dir, train_steps=0)
     # Tango records the failure of trained_model in the workspace and exits non-zero.
-    _tango_run(workspace, "broken", fails=True, model=base / "no-such-model", data_dir=piqa_dir,
-               train_steps=1)
+    _tango_run(
+        workspace,
+        "broken",
+        fails=True,
+        model=base / "no-such-model",
+        data_dir=piqa_dir,
+        train_steps=1,
+    )
     marker.touch()
     return workspace
 
@@ -83,7 +106,10 @@ def test_collect_runs_reads_configuration_status_and_metrics(
         assert summary.model == str(tiny_model_dir)
     assert trained.acc == trained.metrics["acc"] and trained.acc_norm == trained.metrics["acc_norm"]
     assert (trained.engine, trained.precision, trained.device_count, trained.train_steps) == (
-        "ddp", "auto", 1, TRAIN_STEPS
+        "ddp",
+        "auto",
+        1,
+        TRAIN_STEPS,
     )
     assert trained.training_log is not None and Path(trained.training_log).is_file()
     assert (zeroshot.engine, zeroshot.precision, zeroshot.device_count) == (None, None, None)

@@ -1,32 +1,11 @@
 """The FairScale engine reproduces DDP: per-step losses and final weights, 2 CPU processes, fp32."""
 
-from pathlib import Path
-
 import pytest
 import torch
-from conftest import train_tiny
+from tango.common.exceptions import ConfigurationError
+from conftest import assert_same_training, train_in, train_tiny
 
 from tango_fairscale.model import ModelWrapper
-
-
-def assert_same_training(reference: ModelWrapper, candidate: ModelWrapper) -> None:
-    losses = [r["train_loss"] for r in reference.training_log if "train_loss" in r]
-    other = [r["train_loss"] for r in candidate.training_log if "train_loss" in r]
-    assert len(losses) == len(other) == 20
-    for step, (a, b) in enumerate(zip(losses, other), start=1):
-        assert b == pytest.approx(a, rel=1e-5), f"loss differs at step {step}"
-    expected, actual = reference.state_dict(), candidate.state_dict()
-    assert expected.keys() == actual.keys()
-    for key in expected:
-        torch.testing.assert_close(actual[key], expected[key], rtol=0, atol=1e-5, msg=key)
-    accuracies = [r["val_acc"] for r in candidate.training_log if "val_acc" in r]
-    assert accuracies == [r["val_acc"] for r in reference.training_log if "val_acc" in r]
-
-
-@pytest.fixture(scope="module")
-def ddp_reference(tmp_path_factory, tiny_model_dir: Path, piqa_small) -> ModelWrapper:
-    workspace = tmp_path_factory.mktemp("ws")
-    return train_tiny(workspace, tiny_model_dir, piqa_small, device_count=2)
 
 
 @pytest.mark.parametrize(
@@ -44,7 +23,7 @@ def test_fairscale_matches_ddp(
     trained = train_tiny(
         tmp_path, tiny_model_dir, piqa_small, "tango_fairscale::fairscale", 2, sharding=sharding
     )
-    assert_same_training(ddp_reference, trained)
+    assert_same_training(ddp_reference, trained.training_log, trained.state_dict())
     # The comparison can fail: the untrained model is far from the reference.
     untrained = ModelWrapper(str(tiny_model_dir))
     with pytest.raises(AssertionError):
@@ -56,4 +35,13 @@ def test_fairscale_matches_ddp(
 def test_one_process_matches_two(ddp_reference, tmp_path, tiny_model_dir, piqa_small) -> None:
     """The global batch does not depend on the world size, so neither does the trajectory."""
     trained = train_tiny(tmp_path, tiny_model_dir, piqa_small, "tango_fairscale::fairscale", 1)
-    assert_same_training(ddp_reference, trained)
+    assert_same_training(ddp_reference, trained.training_log, trained.state_dict())
+
+
+def test_resuming_on_another_device_count_is_refused(tmp_path, tiny_model_dir, piqa_small) -> None:
+    """FairScale's per-rank shards cannot be resharded: a one-line error says what to do."""
+    train_in(tmp_path, tiny_model_dir, piqa_small, "tango_fairscale::fairscale", 2, 5)
+    with pytest.raises(ConfigurationError) as error:
+        train_in(tmp_path, tiny_model_dir, piqa_small, "tango_fairscale::fairscale", 1, 10)
+    message = str(error.value)
+    assert "cannot reshard" in message and "device_count=2" in message and "\n" not in message

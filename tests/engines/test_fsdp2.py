@@ -1,0 +1,42 @@
+"""The FSDP2 engine reproduces DDP, and its checkpoints resume on another number of processes."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import assert_same_training, train_in, train_tiny
+
+
+@pytest.mark.parametrize(
+    "sharding",
+    [{}, {"activation_checkpointing": True, "cpu_offload": True}],
+    ids=["per-block", "checkpointing+offload"],
+)
+def test_fsdp2_matches_ddp(sharding, ddp_reference, tmp_path, tiny_model_dir, piqa_small) -> None:
+    trained = train_tiny(
+        tmp_path, tiny_model_dir, piqa_small, "tango_fairscale::fsdp2", 2, sharding=sharding
+    )
+    assert_same_training(ddp_reference, trained.training_log, trained.state_dict())
+
+
+def read_run(work_dir: Path) -> tuple[list[dict], dict[str, torch.Tensor]]:
+    from tango_fairscale.train import read_training_log
+
+    state = torch.load(work_dir / "final_weights.pt", weights_only=True)
+    return read_training_log(work_dir / "training_log.jsonl"), state
+
+
+@pytest.mark.parametrize("first, second", [(2, 1), (1, 2)], ids=["2-then-1", "1-then-2"])
+def test_resume_on_another_device_count(
+    first, second, ddp_reference, tmp_path, tiny_model_dir, piqa_small
+) -> None:
+    """Save at step 10 on ``first`` processes, resume to step 20 on ``second``: the losses
+    continue where they stopped and the run ends where an uninterrupted one does."""
+    train_in(tmp_path, tiny_model_dir, piqa_small, "tango_fairscale::fsdp2", first, 10)
+    assert (tmp_path / "checkpoints" / "latest").read_text() == "step0000010"
+    train_in(tmp_path, tiny_model_dir, piqa_small, "tango_fairscale::fsdp2", second, 20)
+    log, state = read_run(tmp_path)
+    raw = [json.loads(line) for line in (tmp_path / "training_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in raw if "train_loss" in r] == list(range(1, 21))  # no replay
+    assert_same_training(ddp_reference, log, state)
