@@ -4,8 +4,18 @@ Every configuration runs in its own freshly spawned process group (one process p
 on CPU), so an out-of-memory error or a hang in one is recorded and the rest still run. Engines are
 built the way the training step builds them: a Tango ``TrainConfig``, a ``Lazy`` ``ModelWrapper``
 (random init from a GPT-2 config, dropout as in GPT-2), a ``Lazy`` ``torch::AdamW``, and the engine
-class constructed directly; each step is ``forward_train`` -> ``backward`` -> ``step`` on a fixed
-synthetic batch of ``batch_size x seq_len`` tokens per GPU, every token scored.
+class constructed directly; each step is ``forward_train`` -> ``backward`` -> ``step``.
+
+Data (``--data``):
+
+* ``synthetic`` (default): a fixed random batch of ``batch_size x seq_len`` tokens per GPU, every
+  token scored.
+* ``piqa``: real PIQA training examples, built as the training step builds them: the
+  ``BatchSchedule`` of ``tango_fairscale.train`` (global batch ``batch_size x world_size``, rank
+  ``r`` takes the ``r``-th slice), ``training_queries`` (correct answer only) tokenized before the
+  timed loop and ``collate`` (right padding) inside it. Every configuration of one world size sees
+  the same batches. Reported: real (non-pad) tokens/s, padded tokens/s (``B x width``), padding
+  fraction, and peak memory per GPU.
 
 Configurations are ``ENGINE-PRECISION[-MODIFIER...]``:
 
@@ -23,10 +33,14 @@ Run by path (``benchmarks/`` is not a package)::
     python benchmarks/train_speed.py --world-size 1,2 --shapes 124m \
         --configs ddp-fp32,ddp-bf16,fairscale-bf16,fairscale-bf16-ckpt \
         --tokenizer .gpudata/gpt2-tokenizer --out /tmp/speed.json
+    python benchmarks/train_speed.py --data piqa --piqa .gpudata/piqa --world-size 2,1 \
+        --configs ddp-fp32,fairscale-bf16-ckpt --compare-to ddp-fp32 --out /tmp/speed-piqa.json
     python benchmarks/train_speed.py --tiny --world-size 1,2 --out /tmp/speed-cpu.json  # CPU smoke
 
 Writes ``--out`` (JSON, rewritten after every configuration) and the same name with ``.md``: a table
-with ratios against the DDP baseline of the same shape and world size measured in this run.
+with ratios against the DDP baseline of the same shape and world size measured in this run
+(``x base``), ratios against ``--compare-to`` (default ``ddp-fp32``), and a check of ``--target``
+(default ``fairscale-bf16-ckpt``) against it: peak memory at most 1/3, throughput at least 1x.
 """
 
 from __future__ import annotations
@@ -52,6 +66,25 @@ _bench.setup_paths()
 ROOT_ONLY_PATTERNS: list[str] = []
 
 MODIFIERS = ("root", "ckpt", "offload", "noflat", "noreshard", "compile")
+
+#: Imported once by the forkserver, so that each configuration's workers start with them loaded.
+PRELOAD = [
+    "torch",
+    "torch.distributed",
+    "transformers",
+    "transformers.models.gpt2.modeling_gpt2",
+    "tango",
+    "tango.integrations.torch",
+    "fairscale",
+    "tango_fairscale.batching",
+    "tango_fairscale.engines",
+    "tango_fairscale.model",
+]
+
+#: The issue's must-show: the target config's peak memory at most this fraction of the
+#: comparison config's, and its throughput at least this multiple, at the same batch.
+TARGET_MEMORY_RATIO = 1 / 3
+TARGET_THROUGHPUT_RATIO = 1.0
 LIGHTNING_PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true")
 
 
@@ -203,17 +236,36 @@ def _measure(rank: int, spec: dict[str, Any], result_dir: Path) -> dict[str, Any
 
         fsdp_units = sum(isinstance(m, FullyShardedDataParallel) for m in engine.model.modules())
 
-    generator = torch.Generator().manual_seed(spec["seed"] * 1000 + rank)
-    vocab = spec["model_config"]["vocab_size"]
-    input_ids = torch.randint(
-        0, vocab, (spec["batch_size"], spec["seq_len"] + 1), generator=generator
-    )
-    # Every position is scored: ModelWrapper projects all of them through the LM head.
-    batch = {
-        "input_ids": input_ids,
-        "attention_mask": torch.ones_like(input_ids),
-        "labels": input_ids.clone(),
-    }
+    n_steps = spec["warmup"] + spec["steps"]
+    if spec["data"] == "piqa":
+        from tango_fairscale.batching import collate, training_queries
+
+        wrapped = engine.wrapped_model
+        # As the training step: tokenize before the loop, collate (pad) inside it.
+        step_queries = [
+            training_queries(examples, wrapped.tokenizer, wrapped.max_length)
+            for examples in spec["piqa_batches"][rank]
+        ]
+        pad_token_id = wrapped.pad_token_id
+
+        def batch_for(step: int) -> dict[str, Any]:
+            return collate(step_queries[step], pad_token_id)
+
+    else:
+        generator = torch.Generator().manual_seed(spec["seed"] * 1000 + rank)
+        vocab = spec["model_config"]["vocab_size"]
+        input_ids = torch.randint(
+            0, vocab, (spec["batch_size"], spec["seq_len"] + 1), generator=generator
+        )
+        # Every position is scored: ModelWrapper projects all of them through the LM head.
+        fixed = {
+            "input_ids": input_ids,
+            "attention_mask": torch.ones_like(input_ids),
+            "labels": input_ids.clone(),
+        }
+
+        def batch_for(step: int) -> dict[str, Any]:
+            return fixed
 
     def sync() -> None:
         if cuda:
@@ -232,20 +284,29 @@ def _measure(rank: int, spec: dict[str, Any], result_dir: Path) -> dict[str, Any
     engine.model.train()
     times: list[float] = []
     losses = []
-    for _ in range(spec["warmup"] + spec["steps"]):
+    tokens: dict[str, list[int]] = {"real": [], "padded": [], "scored": [], "width": []}
+    for step in range(n_steps):
         sync()
         begin = time.perf_counter()
+        batch = batch_for(step)
         loss, _outputs = engine.forward_train(batch, 0, 1)
         engine.backward(loss)
         engine.step()
         sync()
         times.append(time.perf_counter() - begin)
         losses.append(loss.detach())
+        # Positions the model reads (ModelWrapper feeds input_ids[:, :-1]); real = not padding.
+        rows, width = batch["input_ids"].shape
+        tokens["real"].append(int(batch["attention_mask"][:, :-1].sum()))
+        tokens["padded"].append(rows * (width - 1))
+        tokens["scored"].append(int((batch["labels"][:, 1:] != -100).sum()))
+        tokens["width"].append(width)
     del _outputs, loss
 
     result: dict[str, Any] = {
         "step_times_s": [round(t, 5) for t in times],
         "losses": [float(x) for x in losses],
+        "tokens": tokens,
         "setup_s": round(setup_s, 2),
         "init_device": "cuda" if init_on_device else "cpu",
         "fsdp_units": fsdp_units,
@@ -287,7 +348,12 @@ def _inject_fault(rank: int) -> None:
 
 
 def run_config(spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-    """Spawn ``world_size`` processes for one configuration; collect what they report."""
+    """Start ``world_size`` processes for one configuration; collect what they report.
+
+    With ``start_method`` ``forkserver`` the workers fork from a server that imported
+    :data:`PRELOAD` once (saves the imports per configuration); if no rank of the first such run
+    reports anything, the launcher falls back to ``spawn`` (see :func:`main`).
+    """
     import torch.multiprocessing as mp
 
     result_dir = Path(tempfile.mkdtemp(prefix="train-speed-"))
@@ -299,7 +365,7 @@ def run_config(spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
             args=(spec, str(result_dir)),
             nprocs=spec["world_size"],
             join=False,
-            start_method="spawn",
+            start_method=spec["start_method"],
         )
         deadline = started + timeout_s
         while True:
@@ -327,7 +393,10 @@ def run_config(spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
     finally:
         shutil.rmtree(result_dir, ignore_errors=True)
     wall_s = round(time.perf_counter() - started, 1)
-    return summarize(spec, ranks, failure, wall_s)
+    row = summarize(spec, ranks, failure, wall_s)
+    row["start_method"] = spec["start_method"]
+    row["no_rank_reported"] = all(len(r) == 1 for r in ranks)
+    return row
 
 
 def summarize(
@@ -337,6 +406,7 @@ def summarize(
         key: spec[key]
         for key in (
             "world_size",
+            "data",
             "shape",
             "config",
             "engine",
@@ -362,23 +432,42 @@ def summarize(
             row["traceback"] = first.get("traceback")
         return row
     main = ranks[0]
-    times = main["step_times_s"][spec["warmup"] :]
+    warmup = spec["warmup"]
+    times = main["step_times_s"][warmup:]
     step_s = _bench.median(times)
-    tokens_per_gpu = spec["batch_size"] * spec["seq_len"]
-    tokens_per_s = tokens_per_gpu / step_s
+    world = spec["world_size"]
     shape = spec["model_config"]
-    flops_per_token = (
-        6 * spec["n_params"] + 12 * shape["n_layer"] * shape["n_embd"] * spec["seq_len"]
-    )
+    # Tokens of the timed steps, summed over ranks (ranks' batches differ in length under piqa);
+    # the steps of all ranks take the same time (gradients are reduced in every step).
+    real = sum(sum(r["tokens"]["real"][warmup:]) for r in ranks)
+    padded = sum(sum(r["tokens"]["padded"][warmup:]) for r in ranks)
+    widths = [w for r in ranks for w in r["tokens"]["width"][warmup:]]
+    if spec["data"] == "piqa":
+        # Batches differ from step to step: throughput over the whole timed span.
+        span_s = sum(times)
+    else:
+        span_s = step_s * len(times)  # one fixed batch: the median step is the step
+    tokens_per_s = real / span_s / world
+    padded_per_s = padded / span_s / world
+    mean_width = sum(widths) / len(widths) - 1  # positions the model reads per row
+    seq_for_flops = spec["seq_len"] or mean_width
+    flops_per_token = 6 * spec["n_params"] + 12 * shape["n_layer"] * shape["n_embd"] * seq_for_flops
     losses = main["losses"]
     row.update(
         step_time_s_median=round(step_s, 5),
+        step_time_s_mean=round(sum(times) / len(times), 5),
         step_time_s_min=min(times),
         step_time_s_max=max(times),
         step_times_s=main["step_times_s"],
-        tokens_per_step_per_gpu=tokens_per_gpu,
+        tokens_per_step_per_gpu=round(real / len(times) / world, 1),
         tokens_per_s_per_gpu=round(tokens_per_s, 1),
-        tokens_per_s_total=round(tokens_per_s * spec["world_size"], 1),
+        tokens_per_s_total=round(tokens_per_s * world, 1),
+        padded_tokens_per_s_per_gpu=round(padded_per_s, 1),
+        padding_fraction=round(1 - real / padded, 4),
+        mean_positions_per_row=round(mean_width, 1),
+        scored_tokens_timed=sum(sum(r["tokens"]["scored"][warmup:]) for r in ranks),
+        real_tokens_timed=real,
+        padded_tokens_timed=padded,
         mfu=round(flops_per_token * tokens_per_s / _bench.PEAK_FLOPS, 6),
         loss_first=losses[0],
         loss_last=losses[-1],
@@ -427,59 +516,222 @@ def baseline_for(row: dict[str, Any], rows: list[dict[str, Any]], preference: li
     return group[0] if group else None
 
 
-def add_ratios(rows: list[dict[str, Any]], preference: list[str]) -> None:
+def add_ratios(
+    rows: list[dict[str, Any]], preference: list[str], compare_to: str | None = None
+) -> None:
+    """``*_vs_baseline`` (same-precision DDP) and ``*_vs_compare`` (``compare_to``) ratios."""
     for row in rows:
         base = baseline_for(row, rows, preference)
         row["baseline"] = base["config"] if base else None
-        if base is None or "error" in row:
+        if base is not None and "error" not in row:
+            row["tokens_per_s_vs_baseline"] = _ratio(row, base, "tokens_per_s_per_gpu")
+            row["peak_allocated_vs_baseline"] = _ratio(row, base, "peak_allocated_gib")
+        other = _same_group(row, rows, compare_to) if compare_to else None
+        row["compare_to"] = compare_to if other else None
+        if other is not None and "error" not in row:
+            row["tokens_per_s_vs_compare"] = _ratio(row, other, "tokens_per_s_per_gpu")
+            row["peak_allocated_vs_compare"] = _ratio(row, other, "peak_allocated_gib")
+            row["peak_reserved_vs_compare"] = _ratio(row, other, "peak_reserved_gib")
+
+
+def _same_group(row: dict[str, Any], rows: list[dict[str, Any]], config: str) -> Any:
+    """The error-free run of ``config`` with the same shape, world size and batch size."""
+    for other in rows:
+        if (
+            other["config"] == config
+            and "error" not in other
+            and other["shape"] == row["shape"]
+            and other["world_size"] == row["world_size"]
+            and other["batch_size"] == row["batch_size"]
+        ):
+            return other
+    return None
+
+
+def _ratio(row: dict[str, Any], base: dict[str, Any], key: str) -> float | None:
+    if not row.get(key) or not base.get(key):
+        return None
+    return round(row[key] / base[key], 3)
+
+
+def target_checks(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The issue's must-show: ``--target`` vs ``--compare-to`` per shape and world size."""
+    settings = report["settings"]
+    target, compare_to = settings.get("target"), settings.get("compare_to")
+    if not target or not compare_to:
+        return []
+    checks = []
+    for row in report["results"]:
+        if row["config"] != target:
             continue
-        row["tokens_per_s_vs_baseline"] = round(
-            row["tokens_per_s_per_gpu"] / base["tokens_per_s_per_gpu"], 3
-        )
-        if row.get("peak_allocated_gib") and base.get("peak_allocated_gib"):
-            row["peak_allocated_vs_baseline"] = round(
-                row["peak_allocated_gib"] / base["peak_allocated_gib"], 3
+        base = _same_group(row, report["results"], compare_to)
+        check: dict[str, Any] = {
+            "world_size": row["world_size"],
+            "shape": row["shape"],
+            "batch_size": row["batch_size"],
+            "target": target,
+            "compare_to": compare_to,
+        }
+        if "error" in row or base is None:
+            check["status"] = (
+                f"{target}: {row['error']}" if "error" in row else f"{compare_to} not measured"
             )
+            checks.append(check)
+            continue
+        memory = row.get("peak_allocated_vs_compare")
+        throughput = row.get("tokens_per_s_vs_compare")
+        check.update(
+            peak_allocated_gib=row.get("peak_allocated_gib"),
+            compare_peak_allocated_gib=base.get("peak_allocated_gib"),
+            peak_allocated_ratio=memory,
+            peak_reserved_ratio=row.get("peak_reserved_vs_compare"),
+            tokens_per_s_per_gpu=row["tokens_per_s_per_gpu"],
+            compare_tokens_per_s_per_gpu=base["tokens_per_s_per_gpu"],
+            tokens_per_s_ratio=throughput,
+            memory_target=round(TARGET_MEMORY_RATIO, 4),
+            throughput_target=TARGET_THROUGHPUT_RATIO,
+            memory_met=None if memory is None else memory <= TARGET_MEMORY_RATIO,
+            throughput_met=throughput >= TARGET_THROUGHPUT_RATIO,
+        )
+        check["status"] = "measured"
+        checks.append(check)
+    return checks
 
 
 def markdown(report: dict[str, Any]) -> str:
     env = report["environment"]
     settings = report["settings"]
+    piqa = settings.get("data") == "piqa"
+    compare_to = settings.get("compare_to")
+    if piqa:
+        data = (
+            "PIQA training examples (correct answer only, `training_queries` + `collate`, "
+            "right-padded), a different slice per rank, new batches every step; tokens/s counts "
+            "real (non-pad) positions, `padded tok/s` the whole `B x width`; throughput = tokens "
+            "of the timed steps / their summed time"
+        )
+    else:
+        data = (
+            f"Fixed random batch of {settings['seq_len']} positions per row (every token "
+            "scored); throughput from the median step after warmup"
+        )
     lines = [
         f"# Training speed: {env.get('gpu_name') or 'CPU'} x{env.get('gpu_count')}, "
         f"commit {str(env.get('commit'))[:12]}, torch {env.get('torch')}",
         "",
-        f"Per-GPU batch x {settings['seq_len']} tokens (every token scored), AdamW; median step "
-        "after warmup; tokens/s per GPU; MFU = " + _bench.MFU_FORMULA + ". `x base`: ratio to "
-        "the DDP run of the same shape, world size and (if measured) precision, in this run.",
+        f"{data}. Batch = rows per GPU; AdamW; tokens/s per GPU; MFU = "
+        + _bench.MFU_FORMULA
+        + (" (seq_len = mean positions per row)" if piqa else "")
+        + ". `x base`: ratio to the DDP run of the same shape, world size and (if measured) "
+        "precision, in this run"
+        + (
+            f"; `x {compare_to}`: ratio to `{compare_to}` at the same shape, world size and batch."
+            if compare_to
+            else "."
+        ),
+        "Peak memory: the largest over the ranks (per rank in the `per rank` column).",
         "",
-        "| world | shape | config | batch | step ms | tokens/s/GPU | x base | MFU % | "
-        "peak alloc GiB | x base | peak reserved GiB | units | base | note |",
-        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
+    head = ["world", "shape", "config", "batch", "step ms", "tokens/s/GPU"]
+    align = ["---:", "---", "---", "---:", "---:", "---:"]
+    if piqa:
+        head += ["padded tok/s/GPU", "pad %"]
+        align += ["---:", "---:"]
+    head += ["x base"]
+    align += ["---:"]
+    if compare_to:
+        head += [f"x {compare_to}"]
+        align += ["---:"]
+    head += ["MFU %", "peak alloc GiB", "x base"]
+    align += ["---:", "---:", "---:"]
+    if compare_to:
+        head += [f"x {compare_to}"]
+        align += ["---:"]
+    head += ["per rank", "peak reserved GiB", "units", "base", "note"]
+    align += ["---", "---:", "---:", "---", "---"]
+    lines += ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"]
 
     def fmt(value: Any, spec: str = "") -> str:
         return "–" if value is None else format(value, spec)
 
     for r in report["results"]:
+        cells = [str(r["world_size"]), r["shape"], r["config"], str(r["batch_size"])]
         if "error" in r:
             note = r["error"] + (f": {r['message'][:80]}" if r.get("message") else "")
-            lines.append(
-                f"| {r['world_size']} | {r['shape']} | {r['config']} | {r['batch_size']} "
-                f"| – | – | – | – | – | – | – | – | {r.get('baseline') or '–'} | {note} |"
-            )
+            cells += ["–"] * (len(head) - len(cells) - 2) + [r.get("baseline") or "–", note]
+            lines.append("| " + " | ".join(cells) + " |")
             continue
         note = "" if r["losses_finite"] else "non-finite loss"
         mfu = None if r.get("mfu") is None else 100 * r["mfu"]
-        lines.append(
-            f"| {r['world_size']} | {r['shape']} | {r['config']} | {r['batch_size']} "
-            f"| {1000 * r['step_time_s_median']:.1f} | {r['tokens_per_s_per_gpu']:,.0f} "
-            f"| {fmt(r.get('tokens_per_s_vs_baseline'), '.2f')} | {fmt(mfu, '.1f')} "
-            f"| {fmt(r.get('peak_allocated_gib'), '.1f')} "
-            f"| {fmt(r.get('peak_allocated_vs_baseline'), '.2f')} "
-            f"| {fmt(r.get('peak_reserved_gib'), '.1f')} | {fmt(r.get('fsdp_units'))} "
-            f"| {r.get('baseline') or '–'} | {note} |"
+        step = (
+            f"{1000 * r['step_time_s_median']:.1f}"
+            if not piqa
+            else f"{1000 * r['step_time_s_mean']:.1f}"
         )
+        cells += [step, f"{r['tokens_per_s_per_gpu']:,.0f}"]
+        if piqa:
+            cells += [
+                f"{r['padded_tokens_per_s_per_gpu']:,.0f}",
+                f"{100 * r['padding_fraction']:.1f}",
+            ]
+        cells += [fmt(r.get("tokens_per_s_vs_baseline"), ".2f")]
+        if compare_to:
+            cells += [fmt(r.get("tokens_per_s_vs_compare"), ".2f")]
+        cells += [
+            fmt(mfu, ".1f"),
+            fmt(r.get("peak_allocated_gib"), ".2f"),
+            fmt(r.get("peak_allocated_vs_baseline"), ".2f"),
+        ]
+        if compare_to:
+            cells += [fmt(r.get("peak_allocated_vs_compare"), ".3f")]
+        per_rank = r.get("peak_allocated_gib_per_rank")
+        cells += [
+            "/".join(f"{x:.2f}" for x in per_rank) if per_rank else "–",
+            fmt(r.get("peak_reserved_gib"), ".2f"),
+            fmt(r.get("fsdp_units")),
+            r.get("baseline") or "–",
+            note,
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    if piqa:
+        lines += ["", "`step ms`: mean over the timed steps (batches differ in length)."]
+    checks = report.get("target_checks") or []
+    if checks:
+        target, other = checks[0]["target"], checks[0]["compare_to"]
+        lines += [
+            "",
+            f"## Target: `{target}` vs `{other}` at the same batch",
+            "",
+            f"Peak memory allocated per GPU (max over ranks) at most "
+            f"{TARGET_MEMORY_RATIO:.3f}x, tokens/s per GPU at least "
+            f"{TARGET_THROUGHPUT_RATIO:.2f}x.",
+            "",
+            f"| world | shape | batch | peak alloc GiB ({target} / {other}) | memory ratio | "
+            f"reserved ratio | tokens/s/GPU ({target} / {other}) | throughput ratio | memory | "
+            "throughput |",
+            "|---:|---|---:|---|---:|---:|---|---:|---|---|",
+        ]
+        for c in checks:
+            if c["status"] != "measured":
+                lines.append(
+                    f"| {c['world_size']} | {c['shape']} | {c['batch_size']} | – | – | – | – "
+                    f"| – | {c['status']} | – |"
+                )
+                continue
+
+            def verdict(met: Any) -> str:
+                return "–" if met is None else ("**met**" if met else "**not met**")
+
+            lines.append(
+                f"| {c['world_size']} | {c['shape']} | {c['batch_size']} "
+                f"| {fmt(c['peak_allocated_gib'], '.2f')} / "
+                f"{fmt(c['compare_peak_allocated_gib'], '.2f')} "
+                f"| {fmt(c['peak_allocated_ratio'], '.3f')} "
+                f"| {fmt(c['peak_reserved_ratio'], '.3f')} "
+                f"| {c['tokens_per_s_per_gpu']:,.0f} / {c['compare_tokens_per_s_per_gpu']:,.0f} "
+                f"| {fmt(c['tokens_per_s_ratio'], '.3f')} | {verdict(c['memory_met'])} "
+                f"| {verdict(c['throughput_met'])} |"
+            )
     if any("root" in r["modifiers"] for r in report["results"]):
         lines += [
             "",
@@ -512,7 +764,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--steps", default="10", help="timed steps: N or SHAPE=N,...")
     parser.add_argument("--warmup", default="3", help="untimed steps first: N or SHAPE=N,...")
-    parser.add_argument("--seq-len", type=int, default=1024)
+    parser.add_argument(
+        "--data",
+        choices=("synthetic", "piqa"),
+        default="synthetic",
+        help="synthetic: fixed random seq-len rows; piqa: real PIQA training batches",
+    )
+    parser.add_argument(
+        "--piqa",
+        type=Path,
+        default=_bench.REPO_ROOT / ".gpudata" / "piqa",
+        help="official PIQA files (with --data piqa)",
+    )
+    parser.add_argument("--seq-len", type=int, default=1024, help="synthetic data only")
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--max-grad-norm", type=float, default=None)
     parser.add_argument("--seed", type=int, default=1)
@@ -531,6 +795,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="ddp-bf16,ddp-fp32",
         help="fallback baseline order when no DDP run has the same precision",
     )
+    parser.add_argument(
+        "--compare-to",
+        default="ddp-fp32",
+        help="also give every run's ratios to this config (same shape, world size, batch); "
+        "'' for none",
+    )
+    parser.add_argument(
+        "--target",
+        default="fairscale-bf16-ckpt",
+        help="check this config against --compare-to: memory <= 1/3, throughput >= 1x",
+    )
+    parser.add_argument(
+        "--start-method",
+        choices=("forkserver", "spawn"),
+        default="forkserver",
+        help="forkserver: workers fork from a process that imported torch/transformers/tango "
+        "once (falls back to spawn if the first run's workers never report)",
+    )
     parser.add_argument("--config-timeout", type=float, default=240.0, help="seconds per config")
     parser.add_argument(
         "--budget-s",
@@ -543,13 +825,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--tiny",
         action="store_true",
-        help="CPU smoke test: shape tiny, seq 64, batch 2, 3 steps, 1 warmup",
+        help="CPU smoke test: shape tiny, seq 64, batch 2, 3 steps, 1 warmup "
+        "(PIQA from ../shared/data/piqa when --piqa is not a directory)",
     )
     args = parser.parse_args(argv)
     if args.tiny:
         args.shapes, args.seq_len, args.batch_size = "tiny", 64, "2"
         args.steps, args.warmup = "3", "1"
         args.plan = [p.replace(p.split(":")[0], "tiny", 1) for p in args.plan]
+        shared = _bench.REPO_ROOT.parent / "shared" / "data" / "piqa"
+        if not args.piqa.is_dir() and shared.is_dir():
+            args.piqa = shared
+    if args.data == "piqa" and not (args.piqa / "train.jsonl").is_file():
+        raise SystemExit(f"--piqa {args.piqa} holds no train.jsonl (official PIQA files)")
     return args
 
 
@@ -570,8 +858,18 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = str(Path(args.tokenizer).resolve())
     if not Path(tokenizer).is_dir():
         raise SystemExit(f"--tokenizer {tokenizer} is not a directory (GPT-2 tokenizer files)")
+    train_examples = None
+    if args.data == "piqa":
+        from tango_fairscale.data import read_piqa
+
+        train_examples = list(read_piqa(args.piqa)["train"])
     cuda = torch.cuda.is_available()
     gpus = torch.cuda.device_count() if cuda else 0
+    start_method = args.start_method
+    if start_method == "forkserver":
+        import multiprocessing
+
+        multiprocessing.set_forkserver_preload(PRELOAD)
 
     environment = _bench.environment(args.commit, query_gpu=False)
     report: dict[str, Any] = {
@@ -585,12 +883,21 @@ def main(argv: list[str] | None = None) -> int:
             "batch_size_meaning": "per GPU (each rank gets its own batch_size x seq_len tokens)",
             "timing": "cuda.synchronize before and after each step; median of the steps after "
             "warmup (rank 0); the step is forward_train + backward + step",
-            "data": "fixed random token ids, labels = inputs (every position scored)",
+            "data_description": (
+                "PIQA training examples: BatchSchedule(seed) global batch of batch_size x "
+                "world_size, rank r's slice; training_queries (correct answer) + collate "
+                "(right padding, collate inside the timed step)"
+                if args.data == "piqa"
+                else "fixed random token ids, labels = inputs (every position scored)"
+            ),
+            "tokens_counted": "positions the model reads (input_ids[:, :-1]); real = "
+            "attention_mask 1, padded = rows x (width - 1)",
             "mfu_formula": _bench.MFU_FORMULA,
             "peak_flops": _bench.PEAK_FLOPS,
             "root_only_patterns": ROOT_ONLY_PATTERNS,
         },
         "results": [],
+        "start_method_checked": False,
     }
     md_path = args.out.with_suffix(".md")
     n_params_cache: dict[str, int] = {}
@@ -599,17 +906,28 @@ def main(argv: list[str] | None = None) -> int:
             model_config = _bench.gpt2_config(shape)
             if shape not in n_params_cache:
                 n_params_cache[shape] = count_parameters(model_config)
+            batch_size = _bench.per_shape(args.batch_size, shape)
+            steps = _bench.per_shape(args.steps, shape)
+            warmup = _bench.per_shape(args.warmup, shape)
+            piqa_batches = None
+            if train_examples is not None:
+                piqa_batches = piqa_rank_batches(
+                    train_examples, batch_size, world_size, warmup + steps, args.seed
+                )
             for name in configs:
                 spec = {
                     **parsed[name],
+                    "data": args.data,
+                    "piqa_batches": piqa_batches,
+                    "start_method": start_method,
                     "world_size": world_size,
                     "shape": shape,
                     "model_config": model_config,
                     "n_params": n_params_cache[shape],
-                    "batch_size": _bench.per_shape(args.batch_size, shape),
-                    "steps": _bench.per_shape(args.steps, shape),
-                    "warmup": _bench.per_shape(args.warmup, shape),
-                    "seq_len": args.seq_len,
+                    "batch_size": batch_size,
+                    "steps": steps,
+                    "warmup": warmup,
+                    "seq_len": None if args.data == "piqa" else args.seq_len,
                     "lr": args.lr,
                     "max_grad_norm": args.max_grad_norm,
                     "seed": args.seed,
@@ -635,10 +953,29 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     print(f"=== {label}: start (timeout {timeout:.0f} s)", flush=True)
                     row = run_config(spec, timeout)
+                    if (
+                        start_method == "forkserver"
+                        and not report["start_method_checked"]
+                        and row.pop("no_rank_reported")
+                        and row.get("error") != "timeout"
+                    ):
+                        print(
+                            f"=== {label}: no worker reported under forkserver "
+                            f"({row.get('message')}); falling back to spawn",
+                            flush=True,
+                        )
+                        report["forkserver_failure"] = row.get("message")
+                        start_method = spec["start_method"] = "spawn"
+                        row = run_config(spec, timeout)
+                    report["start_method_checked"] = report["start_method_checked"] or (
+                        "error" not in row
+                    )
+                row.pop("no_rank_reported", None)
                 report["results"].append(row)
                 if "gpu_info" in row:
                     environment.update(row.pop("gpu_info"))
-                add_ratios(report["results"], args.baseline.split(","))
+                add_ratios(report["results"], args.baseline.split(","), args.compare_to or None)
+                report["target_checks"] = target_checks(report)
                 report["total_wall_s"] = round(time.perf_counter() - started, 1)
                 _bench.write_json(args.out, report)
                 _bench.write_text(md_path, markdown(report))
@@ -647,13 +984,33 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def piqa_rank_batches(
+    examples: list[dict[str, Any]], batch_size: int, world_size: int, n_steps: int, seed: int
+) -> list[list[list[dict[str, Any]]]]:
+    """``[rank][step]`` -> that rank's PIQA examples, as the training step's schedule picks them.
+
+    ``batch_size`` is per GPU: the global batch is ``batch_size x world_size`` (no gradient
+    accumulation), so every configuration of one world size trains on the same examples.
+    """
+    from tango_fairscale.batching import BatchSchedule
+
+    batches = []
+    for rank in range(world_size):
+        schedule = BatchSchedule(len(examples), batch_size * world_size, seed, world_size, rank)
+        batches.append(
+            [[examples[i] for i in schedule.micro_batches(step)[0]] for step in range(n_steps)]
+        )
+    return batches
+
+
 def one_line(row: dict[str, Any]) -> str:
     if "error" in row:
         return f"{row['error']} {row.get('message') or ''} ({row['wall_s']} s)"
     memory = row.get("peak_allocated_gib")
+    padding = f" ({100 * row['padding_fraction']:.0f}% padding)" if row["data"] == "piqa" else ""
     return (
         f"{1000 * row['step_time_s_median']:.1f} ms/step, {row['tokens_per_s_per_gpu']:,.0f} "
-        f"tokens/s/GPU, MFU {100 * row['mfu']:.1f}%, peak {memory} GiB, "
+        f"tokens/s/GPU{padding}, MFU {100 * row['mfu']:.1f}%, peak {memory} GiB, "
         f"loss {row['loss_first']:.3f}->{row['loss_last']:.3f} ({row['wall_s']} s)"
     )
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 from tango.common.exceptions import ConfigurationError
 from tango.integrations.torch import Model
+from torch.utils.checkpoint import checkpoint
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from .batching import IGNORE_INDEX

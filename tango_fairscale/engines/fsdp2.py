@@ -37,9 +37,10 @@ class FSDP2Engine(Engine):
     :param precision: ``bf16-mixed`` / ``16-mixed`` gather parameters in the low precision and
         reduce gradients in fp32 (``MixedPrecisionPolicy``); ``bf16-true`` keeps bf16 parameters.
     :param max_grad_norm: clip the global gradient norm.
-    :param sharding: a :class:`~tango_fairscale.wrapping.ShardingConfig` (``flatten_parameters`` has
-        no effect: FSDP2 shards every parameter on its own); ``compile`` applies ``torch.compile`` to
-        each unit, after activation checkpointing and before sharding.
+    :param sharding: a :class:`~tango_fairscale.wrapping.ShardingConfig`
+        (``flatten_parameters`` has no effect: FSDP2 shards every parameter on its own);
+        ``compile`` applies ``torch.compile`` to each unit, after activation checkpointing and
+        before sharding.
 
     Checkpoints are ``torch.distributed.checkpoint`` directories: a run saved on N processes
     resumes on any number.

@@ -2,8 +2,8 @@
 
 import pytest
 import torch
-from tango.common.exceptions import ConfigurationError
 from conftest import assert_same_training, train_in, train_tiny
+from tango.common.exceptions import ConfigurationError
 
 from tango_fairscale.model import ModelWrapper
 
