@@ -236,6 +236,7 @@ def _train(engine: Engine, plan: TrainPlan) -> None:
         total=config.train_steps,
         disable=not is_main,
     )
+    guard = NonFiniteGuard(engine, schedule)
     for step in progress:
         step_loss = torch.zeros((), device=engine.device)
         micro_batches = schedule.micro_batches(step)
@@ -246,7 +247,10 @@ def _train(engine: Engine, plan: TrainPlan) -> None:
             step_loss += loss.detach()
         engine.step()
         done = step + 1
-        if done % config.log_every == 0 or done == 1 or done == config.train_steps:
+        guard.update(done, step_loss)
+        checkpoint_now = done % config.checkpoint_every == 0 or done == config.train_steps
+        if done % config.log_every == 0 or done == 1 or checkpoint_now:
+            guard.check()  # before logging, validating or checkpointing a broken model
             mean_loss = _mean_over_ranks(step_loss)
             lr = engine.optimizer.param_groups[0]["lr"]
             log.write({"step": done, "train_loss": mean_loss, "lr": lr})
@@ -264,7 +268,7 @@ def _train(engine: Engine, plan: TrainPlan) -> None:
                     metrics["acc"],
                     metrics["acc_norm"],
                 )
-        if done % config.checkpoint_every == 0 or done == config.train_steps:
+        if checkpoint_now:
             _save_checkpoint(engine, plan, done)
 
     state = engine.full_model_state()
@@ -274,6 +278,50 @@ def _train(engine: Engine, plan: TrainPlan) -> None:
         torch.save(state, target.with_suffix(".tmp"))
         os.replace(target.with_suffix(".tmp"), target)
     _barrier()
+
+
+class NonFiniteLossError(RuntimeError):
+    """Training produced non-finite losses for longer than the engine tolerates."""
+
+
+class NonFiniteGuard:
+    """Tracks non-finite losses on the device (no host synchronisation per step).
+
+    Under ``16-mixed`` the grad scaler skips overflowing steps, and up to
+    ``SCALER_TOLERANCE`` consecutive non-finite losses are tolerated; otherwise one non-finite
+    loss is already fatal (the optimizer has applied it). :meth:`check`, called on every rank at
+    log and checkpoint steps, raises before a broken model is checkpointed.
+    """
+
+    SCALER_TOLERANCE = 10
+
+    def __init__(self, engine: Engine, schedule: BatchSchedule) -> None:
+        self.bound = self.SCALER_TOLERANCE if engine.grad_scaler is not None else 0
+        self.schedule = schedule
+        device = engine.device
+        self.streak = torch.zeros((), dtype=torch.long, device=device)
+        # [longest streak so far, first step of the first streak past the bound]
+        self.worst = torch.zeros(2, dtype=torch.long, device=device)
+
+    def update(self, step: int, loss: torch.Tensor) -> None:
+        bad = (~torch.isfinite(loss)).long()
+        self.streak = (self.streak + 1) * bad
+        past_bound = (self.streak > self.bound) & (self.worst[1] == 0)
+        self.worst[1] = torch.where(past_bound, step - self.bound, self.worst[1])
+        self.worst[0] = torch.maximum(self.worst[0], self.streak)
+
+    def check(self) -> None:
+        worst = self.worst.clone()
+        if dist.is_initialized():
+            dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+        longest, first = (int(v) for v in worst.tolist())
+        if longest > self.bound:
+            examples = self.schedule.global_batch(first - 1)
+            raise NonFiniteLossError(
+                f"non-finite loss at step {first} ({longest} step(s) in a row, "
+                f"{self.bound} tolerated); its training examples: {examples}; training stopped, "
+                "its last checkpoint is kept — lower lr, set max_grad_norm, or use 32-true"
+            )
 
 
 def _validate(engine: Engine, plan: TrainPlan) -> dict[str, Any]:

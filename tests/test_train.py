@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from tango_fairscale.model import ModelWrapper
@@ -81,3 +82,62 @@ def test_sigkill_then_rerun_resumes_and_matches(tmp_path, tiny_model_dir, piqa_d
     raw = next(interrupted.glob("cache/*/work/training_log.jsonl")).read_text().splitlines()
     first_steps = [r for r in map(json.loads, raw) if r["step"] == 1 and "train_loss" in r]
     assert len(first_steps) == 1
+
+
+def test_a_non_finite_loss_stops_training_and_keeps_the_last_checkpoint(
+    tmp_path, tiny_model_dir, piqa_small
+) -> None:
+    from conftest import train_in
+
+    from tango_fairscale.train import NonFiniteLossError
+
+    # lr 1e6 drives an fp32 run to inf/NaN within a few steps.
+    with pytest.raises(NonFiniteLossError) as error:
+        train_in(
+            tmp_path,
+            tiny_model_dir,
+            piqa_small,
+            "tango_fairscale::ddp",
+            1,
+            20,
+            optimizer={"type": "torch::AdamW", "lr": 1e6},
+            max_grad_norm=None,
+        )
+    message = str(error.value)
+    assert "non-finite loss at step" in message and "training examples" in message
+    assert "\n" not in message
+    first_bad = int(message.split("non-finite loss at step ")[1].split()[0])
+    latest = tmp_path / "checkpoints" / "latest"
+    if first_bad > 5:  # a checkpoint from before the failure exists and is intact
+        assert int(latest.read_text()[4:]) < first_bad
+    else:
+        assert not latest.exists()
+    assert not (tmp_path / "final_weights.pt").exists()
+
+
+class FakeEngine:
+    def __init__(self, scaled: bool) -> None:
+        self.grad_scaler = object() if scaled else None
+        self.device = torch.device("cpu")
+
+
+@pytest.mark.parametrize(
+    "scaled, losses, fails_at",
+    [
+        (False, [1.0, 1.0, float("nan"), 1.0], 3),
+        (True, [1.0] + [float("inf")] * 10 + [1.0], None),  # the scaler skips up to 10 in a row
+        (True, [1.0] + [float("nan")] * 11 + [1.0], 2),
+    ],
+)
+def test_non_finite_guard(scaled, losses, fails_at) -> None:
+    from tango_fairscale.batching import BatchSchedule
+    from tango_fairscale.train import NonFiniteGuard, NonFiniteLossError
+
+    guard = NonFiniteGuard(FakeEngine(scaled), BatchSchedule(100, 4, seed=0))
+    for step, loss in enumerate(losses, start=1):
+        guard.update(step, torch.tensor(loss))
+    if fails_at is None:
+        guard.check()
+    else:
+        with pytest.raises(NonFiniteLossError, match=f"at step {fails_at} "):
+            guard.check()

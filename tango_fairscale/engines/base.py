@@ -8,6 +8,7 @@ subclasses override :meth:`Engine._wrap_model` and, when sharded, the state-dict
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,8 @@ from tango.common.exceptions import ConfigurationError
 from tango.integrations.torch import LRScheduler, Model, Optimizer, TrainConfig, TrainingEngine
 
 from ..model import ModelWrapper
+
+logger = logging.getLogger(__name__)
 
 PRECISIONS = ("auto", "32-true", "bf16-mixed", "16-mixed", "bf16-true")
 
@@ -121,6 +124,7 @@ class Engine(TrainingEngine):
         self._no_sync = contextlib.ExitStack()
         super().__init__(train_config, model, optimizer, lr_scheduler=lr_scheduler)
         self.grad_scaler = self._make_grad_scaler() if self.precision.needs_grad_scaler else None
+        self.skipped_steps = 0  # optimizer steps the fp16 grad scaler skipped
 
     # --- construction -------------------------------------------------------------------------
 
@@ -188,14 +192,22 @@ class Engine(TrainingEngine):
         return torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
 
     def step(self) -> None:
-        if self.grad_scaler is not None:
-            self.grad_scaler.unscale_(self.optimizer)
-        self.clip_grad_norm()
-        if self.grad_scaler is not None:
-            self.grad_scaler.step(self.optimizer)
-            self.grad_scaler.update()
-        else:
+        if self.grad_scaler is None:
+            self.clip_grad_norm()
             self.optimizer.step()
+        else:
+            scale = self.grad_scaler.get_scale()
+            self.grad_scaler.unscale_(self.optimizer)
+            self.clip_grad_norm()
+            self.grad_scaler.step(self.optimizer)  # skipped when a gradient overflowed
+            self.grad_scaler.update()
+            if self.grad_scaler.get_scale() < scale:
+                self.skipped_steps += 1
+                logger.warning(
+                    "fp16 gradient overflow: optimizer step skipped, loss scale %g -> %g",
+                    scale,
+                    self.grad_scaler.get_scale(),
+                )
         if self.lr_scheduler is not None:
             self.lr_scheduler.step()
 
