@@ -331,7 +331,7 @@ def _measure(rank: int, spec: dict[str, Any], result_dir: Path) -> dict[str, Any
 
 
 def _inject_fault(rank: int) -> None:
-    """Smoke-test hook: ``TRAIN_SPEED_FAULT=oom:RANK`` or ``hang:RANK`` (never set in real runs)."""
+    """Smoke-test hook: ``TRAIN_SPEED_FAULT=oom|hang|exit:RANK`` (never set in real runs)."""
     fault = os.environ.get("TRAIN_SPEED_FAULT", "")
     kind, _, fault_rank = fault.partition(":")
     if not fault or int(fault_rank) != rank:
@@ -342,6 +342,8 @@ def _inject_fault(rank: int) -> None:
         raise torch.OutOfMemoryError(f"injected by TRAIN_SPEED_FAULT={fault}")
     if kind == "hang":
         time.sleep(10**6)
+    if kind == "exit":  # dies without a word, as a worker that cannot start would
+        os._exit(3)
 
 
 # --- the launcher -----------------------------------------------------------------------------
@@ -869,6 +871,8 @@ def main(argv: list[str] | None = None) -> int:
     if start_method == "forkserver":
         import multiprocessing
 
+        # Fork-safe CUDA availability checks, should an import in the server make one.
+        os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
         multiprocessing.set_forkserver_preload(PRELOAD)
 
     environment = _bench.environment(args.commit, query_gpu=False)
@@ -956,12 +960,11 @@ def main(argv: list[str] | None = None) -> int:
                     if (
                         start_method == "forkserver"
                         and not report["start_method_checked"]
-                        and row.pop("no_rank_reported")
-                        and row.get("error") != "timeout"
+                        and forkserver_failed(row)
                     ):
                         print(
-                            f"=== {label}: no worker reported under forkserver "
-                            f"({row.get('message')}); falling back to spawn",
+                            f"=== {label}: failed under forkserver ({row.get('message')}); "
+                            "falling back to spawn",
                             flush=True,
                         )
                         report["forkserver_failure"] = row.get("message")
@@ -982,6 +985,16 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"=== {label}: {one_line(row)}", flush=True)
     print(markdown(report))
     return 0
+
+
+def forkserver_failed(row: dict[str, Any]) -> bool:
+    """Did a run fail in a way that ``spawn`` might not (no worker reported, or CUDA and fork)?"""
+    if "error" not in row or row["error"] in ("timeout", "skipped"):
+        return False
+    message = str(row.get("message") or "")
+    return bool(row.get("no_rank_reported")) or any(
+        text in message for text in ("fork", "initialization error", "Cannot re-initialize")
+    )
 
 
 def piqa_rank_batches(
