@@ -46,47 +46,63 @@ def piqa_continuations(example: Mapping[str, Any]) -> tuple[str, str]:
 
 def encode_pair(tokenizer: Any, context: str, continuation: str, max_length: int) -> Query:
     """lm-eval's ``_encode_pair`` followed by its left truncation to ``max_length + 1`` tokens."""
+    return encode_pairs(tokenizer, [(context, continuation)], max_length)[0]
+
+
+def encode_pairs(tokenizer: Any, pairs: Sequence[tuple[str, str]], max_length: int) -> list[Query]:
+    """:func:`encode_pair` for many pairs, with two batched tokenizer calls in all."""
+    moved = [_move_trailing_spaces(context, continuation) for context, continuation in pairs]
+    wholes = _token_ids(tokenizer, [context + continuation for context, continuation in moved])
+    contexts = _token_ids(tokenizer, [context for context, _ in moved])
+    queries = []
+    for (context, continuation), whole, context_tokens in zip(moved, wholes, contexts):
+        continuation_tokens = whole[len(context_tokens) :]
+        if not continuation_tokens:
+            raise ValueError(
+                f"continuation {continuation!r} encodes to no tokens after {context!r}"
+            )
+        # The model sees the context's own tokens, then the continuation's (as lm-eval feeds
+        # them), at most max_length + 1 of them.
+        tokens = (context_tokens + continuation_tokens)[-(max_length + 1) :]
+        # A continuation longer than the window is scored on the tokens the model can predict.
+        queries.append(Query(tuple(tokens), min(len(continuation_tokens), len(tokens) - 1)))
+    return queries
+
+
+def _move_trailing_spaces(context: str, continuation: str) -> tuple[str, str]:
     n_spaces = len(context) - len(context.rstrip())
     if n_spaces:
-        continuation = context[-n_spaces:] + continuation
-        context = context[:-n_spaces]
-    whole = tokenizer(context + continuation, add_special_tokens=False)["input_ids"]
-    context_tokens = tokenizer(context, add_special_tokens=False)["input_ids"]
-    continuation_tokens = whole[len(context_tokens) :]
-    if not continuation_tokens:
-        raise ValueError(f"continuation {continuation!r} encodes to no tokens after {context!r}")
-    # The model sees the context's own tokens, then the continuation's (as lm-eval feeds them).
-    tokens = (context_tokens + continuation_tokens)[-(max_length + 1) :]
-    # A continuation longer than the window is scored on the tokens the model can predict.
-    return Query(tuple(tokens), min(len(continuation_tokens), len(tokens) - 1))
+        return context[:-n_spaces], context[-n_spaces:] + continuation
+    return context, continuation
+
+
+def _token_ids(tokenizer: Any, texts: list[str]) -> list[list[int]]:
+    return tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
 
 
 def choice_queries(
     examples: Sequence[Mapping[str, Any]], tokenizer: Any, max_length: int
 ) -> list[Query]:
     """Both choices of every example, in order: ``[ex0.sol1, ex0.sol2, ex1.sol1, ...]``."""
-    queries = []
-    for example in examples:
-        context = piqa_context(example["goal"])
-        for continuation in piqa_continuations(example):
-            queries.append(encode_pair(tokenizer, context, continuation, max_length))
-    return queries
+    pairs = [
+        (piqa_context(example["goal"]), continuation)
+        for example in examples
+        for continuation in piqa_continuations(example)
+    ]
+    return encode_pairs(tokenizer, pairs, max_length)
 
 
 def training_queries(
     examples: Sequence[Mapping[str, Any]], tokenizer: Any, max_length: int
 ) -> list[Query]:
     """The correct choice of every labelled example (the fine-tuning objective)."""
-    queries = []
+    pairs = []
     for example in examples:
         label = example["label"]
         if label not in (0, 1):
             raise ValueError(f"training needs labelled examples; got label {label!r}")
-        continuation = piqa_continuations(example)[label]
-        queries.append(
-            encode_pair(tokenizer, piqa_context(example["goal"]), continuation, max_length)
-        )
-    return queries
+        pairs.append((piqa_context(example["goal"]), piqa_continuations(example)[label]))
+    return encode_pairs(tokenizer, pairs, max_length)
 
 
 def collate(queries: Sequence[Query], pad_token_id: int) -> dict[str, torch.Tensor]:

@@ -21,6 +21,7 @@ from tango.common.exceptions import ConfigurationError
 from tango.integrations.torch import Model
 
 from .batching import Query, choice_queries, collate, length_sorted_batches
+from .engines.base import resolve_precision
 from .model import ModelWrapper
 
 Forward = Callable[[dict[str, torch.Tensor]], Mapping[str, torch.Tensor]]
@@ -43,18 +44,23 @@ def score_queries(
     """
     batches = length_sorted_batches(queries, batch_size)
     total = max(num_forwards or 0, len(batches))
-    scores = [0.0] * len(queries)
     filler = collate([Query((pad_token_id, pad_token_id), 1)], pad_token_id)  # any tokens serve
+    results = []  # stay on the device until the end: no synchronisation per batch
     for index in Tqdm.tqdm(range(total), desc="Scoring", disable=not progress):
-        if index < len(batches):
-            batch = collate([queries[i] for i in batches[index]], pad_token_id)
-        else:
-            batch = filler
+        batch = (
+            collate([queries[i] for i in batches[index]], pad_token_id)
+            if index < len(batches)
+            else filler
+        )
         batch = {name: tensor.to(device, non_blocking=True) for name, tensor in batch.items()}
-        loglikelihood = forward(batch)["loglikelihood"].float().cpu().tolist()
+        loglikelihood = forward(batch)["loglikelihood"]
         if index < len(batches):
-            for query_index, value in zip(batches[index], loglikelihood):
-                scores[query_index] = value
+            results.append(loglikelihood.float())
+    scores = [0.0] * len(queries)
+    if results:
+        order = [i for batch_indices in batches for i in batch_indices]
+        for query_index, value in zip(order, torch.cat(results).cpu().tolist()):
+            scores[query_index] = value
     return scores
 
 
@@ -171,6 +177,8 @@ class PiqaPredictionsStep(Step[list]):
 
     Registered as a Tango ``Step`` under the name ``"tango_fairscale::piqa_predictions"``.
     Runs on the GPU when there is one. ``batch_size`` is not part of the cache key.
+    ``precision`` ``32-true`` (default: exact lm-eval scores) or ``bf16-mixed`` (autocast: faster
+    on GPUs, scores within about 1e-2; ``auto`` picks it on a bf16 GPU).
 
     Returns one dict per example: ``index``, ``label``, ``loglikelihoods`` (two floats),
     ``token_lengths`` and ``char_lengths`` (two ints each).
@@ -193,6 +201,7 @@ class PiqaPredictionsStep(Step[list]):
         dataset_dict: DatasetDictBase,
         split: str = "validation",
         batch_size: int = 32,
+        precision: str = "32-true",
     ) -> list:
         if split not in dataset_dict:
             raise ConfigurationError(
@@ -207,9 +216,15 @@ class PiqaPredictionsStep(Step[list]):
         if not isinstance(model, ModelWrapper):
             raise ConfigurationError(f"needs a tango_fairscale::causal_lm model, got {type(model)}")
         device = default_device()
+        resolved = resolve_precision(precision, device)
+        if resolved.name not in ("32-true", "bf16-mixed"):
+            raise ConfigurationError(
+                f"scoring precision must be '32-true' or 'bf16-mixed', got {precision!r}"
+            )
         model = model.to(device).eval()
         queries = choice_queries(examples, model.tokenizer, model.max_length)
-        with torch.inference_mode():
+        autocast = torch.autocast(device.type, torch.bfloat16, enabled=resolved.mixed)
+        with torch.inference_mode(), autocast:
             scores = score_queries(
                 lambda batch: model(**batch),
                 queries,

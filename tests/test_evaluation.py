@@ -362,3 +362,19 @@ def test_length_sorted_scoring_restores_query_order(model: ModelWrapper, example
         progress=False,
     )
     np.testing.assert_allclose(scores[::-1], forward_scores, atol=1e-5)
+
+
+def test_predictions_step_scores_in_bf16_when_asked(model: ModelWrapper, examples: list) -> None:
+    from tango.common.dataset_dict import DatasetDict
+    from tango.common.exceptions import ConfigurationError
+
+    dataset = DatasetDict(splits={"validation": examples[:6]})
+    step = PiqaPredictionsStep()
+    exact = step.run(model=model, dataset_dict=dataset, batch_size=4)
+    fast = step.run(model=model, dataset_dict=dataset, batch_size=4, precision="bf16-mixed")
+    exact_scores = [ll for p in exact for ll in p["loglikelihoods"]]
+    fast_scores = [ll for p in fast for ll in p["loglikelihoods"]]
+    assert exact_scores != fast_scores  # bf16 really ran
+    np.testing.assert_allclose(fast_scores, exact_scores, rtol=2e-2)
+    with pytest.raises(ConfigurationError, match="scoring precision must be"):
+        step.run(model=model, dataset_dict=dataset, precision="bf16-true")
