@@ -238,7 +238,7 @@ def _measure(rank: int, spec: dict[str, Any], result_dir: Path) -> dict[str, Any
 
     n_steps = spec["warmup"] + spec["steps"]
     if spec["data"] == "piqa":
-        from tango_fairscale.batching import collate, training_queries
+        from tango_fairscale.batching import training_batch, training_queries
 
         wrapped = engine.wrapped_model
         # As the training step: tokenize before the loop, collate (pad) inside it.
@@ -246,10 +246,10 @@ def _measure(rank: int, spec: dict[str, Any], result_dir: Path) -> dict[str, Any
             training_queries(examples, wrapped.tokenizer, wrapped.max_length)
             for examples in spec["piqa_batches"][rank]
         ]
-        pad_token_id = wrapped.pad_token_id
+        pad_token_id, max_length = wrapped.pad_token_id, wrapped.max_length
 
         def batch_for(step: int) -> dict[str, Any]:
-            return collate(step_queries[step], pad_token_id)
+            return training_batch(step_queries[step], pad_token_id, max_length)
 
     else:
         generator = torch.Generator().manual_seed(spec["seed"] * 1000 + rank)

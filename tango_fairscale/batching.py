@@ -105,9 +105,26 @@ def training_queries(
     return encode_pairs(tokenizer, pairs, max_length)
 
 
-def collate(queries: Sequence[Query], pad_token_id: int) -> dict[str, torch.Tensor]:
-    """Right-pad ``queries`` into one batch (right padding keeps GPT-2's positions exact)."""
+#: Training batches are padded to a multiple of this width: a handful of distinct shapes, so GPU
+#: kernels chosen for a shape are reused (every new bf16 GEMM shape costs a kernel search).
+TRAINING_WIDTH_MULTIPLE = 64
+
+
+def collate(
+    queries: Sequence[Query],
+    pad_token_id: int,
+    width_multiple: int = 1,
+    max_width: int | None = None,
+) -> dict[str, torch.Tensor]:
+    """Right-pad ``queries`` into one batch (right padding keeps GPT-2's positions exact).
+
+    The width is rounded up to ``width_multiple``, but not past ``max_width`` (the model's
+    ``max_length + 1``).
+    """
     width = max(len(query) for query in queries)
+    width = -(-width // width_multiple) * width_multiple
+    if max_width is not None:
+        width = min(width, max(max_width, max(len(query) for query in queries)))
     input_ids = torch.full((len(queries), width), pad_token_id, dtype=torch.long)
     attention_mask = torch.zeros((len(queries), width), dtype=torch.long)
     labels = torch.full((len(queries), width), IGNORE_INDEX, dtype=torch.long)
@@ -118,6 +135,13 @@ def collate(queries: Sequence[Query], pad_token_id: int) -> dict[str, torch.Tens
         start = length - query.continuation_length
         labels[row, start:length] = input_ids[row, start:length]
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+def training_batch(
+    queries: Sequence[Query], pad_token_id: int, max_length: int
+) -> dict[str, torch.Tensor]:
+    """A training micro-batch: :func:`collate` to a multiple of ``TRAINING_WIDTH_MULTIPLE``."""
+    return collate(queries, pad_token_id, TRAINING_WIDTH_MULTIPLE, max_width=max_length + 1)
 
 
 def length_sorted_batches(queries: Sequence[Query], batch_size: int) -> list[list[int]]:

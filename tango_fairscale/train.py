@@ -30,7 +30,7 @@ from tango.common.logging import initialize_worker_logging
 from tango.integrations.torch import Model, TrainConfig, TrainingEngine
 from tango.step import StepResources
 
-from .batching import BatchSchedule, collate, training_queries
+from .batching import BatchSchedule, training_batch, training_queries
 from .engines.base import Engine, free_port
 from .evaluation import validate_all_ranks
 from .format import TRAINING_LOG, ModelFormat
@@ -241,7 +241,9 @@ def _train(engine: Engine, plan: TrainPlan) -> None:
         step_loss = torch.zeros((), device=engine.device)
         micro_batches = schedule.micro_batches(step)
         for index, micro_batch in enumerate(micro_batches):
-            batch = collate([queries[i] for i in micro_batch], model.pad_token_id)
+            batch = training_batch(
+                [queries[i] for i in micro_batch], model.pad_token_id, model.max_length
+            )
             loss, _ = engine.forward_train(batch, index, len(micro_batches))
             engine.backward(loss)
             step_loss += loss.detach()

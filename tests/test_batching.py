@@ -324,3 +324,14 @@ def test_schedule_too_few_examples() -> None:
     assert str(err.value) == (
         "only 5 training examples for batch_size 8; raise limit or lower batch_size"
     )
+
+
+def test_training_batches_pad_to_few_widths_within_the_window() -> None:
+    from tango_fairscale.batching import training_batch
+
+    short, long = Query((1, 2, 3), 1), Query(tuple(range(100)), 5)
+    assert training_batch([short], 0, max_length=1023)["input_ids"].shape == (1, 64)
+    assert training_batch([short, long], 0, max_length=1023)["input_ids"].shape == (2, 128)
+    # Never wider than the model's window (max_length + 1 tokens).
+    assert training_batch([long], 0, max_length=110)["input_ids"].shape == (1, 111)
+    assert training_batch([short], 0, max_length=40)["input_ids"].shape == (1, 41)
