@@ -14,6 +14,8 @@ import json
 import logging
 import os
 import shutil
+import signal
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +41,7 @@ from .model import ModelWrapper
 logger = logging.getLogger(__name__)
 
 FINAL_WEIGHTS = "final_weights.pt"
+PREEMPTION_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT")
 
 
 @dataclass
@@ -51,6 +54,7 @@ class TrainPlan:
     dataset_dict: DatasetDictBase
     batch_size: int
     eval_batch_size: int
+    preemption_signal: signal.Signals = signal.SIGTERM
 
     @property
     def checkpoints(self) -> Path:
@@ -74,6 +78,9 @@ class TrainStep(Step[ModelWrapper]):
         computed by all ranks through the engine; ``None`` validates only after the last step.
     :param checkpoint_every: steps between checkpoints; a rerun resumes from the newest one.
     :param device_count: processes, one per GPU (or CPU processes over gloo without GPUs).
+    :param preemption_signal: on this signal (``SIGTERM``, ``SIGUSR1``, ...) every rank finishes
+        its step, a checkpoint is written and the step fails with :class:`TrainingStopped`;
+        rerunning the same command resumes.
 
     Returns the trained model; its ``training_log`` holds the logged loss and accuracy by step.
     ``log_every``, ``eval_batch_size``, ``distributed_port`` and ``device_count`` are not part of
@@ -92,7 +99,13 @@ class TrainStep(Step[ModelWrapper]):
     FORMAT: Format = ModelFormat()
     # The result does not depend on the number of devices (the batch is global), so a run may be
     # resumed on another number of devices where the engine can reshard its checkpoints.
-    SKIP_ID_ARGUMENTS = {"log_every", "eval_batch_size", "distributed_port", "device_count"}
+    SKIP_ID_ARGUMENTS = {
+        "log_every",
+        "eval_batch_size",
+        "distributed_port",
+        "device_count",
+        "preemption_signal",
+    }
 
     @property
     def resources(self) -> StepResources:
@@ -116,6 +129,7 @@ class TrainStep(Step[ModelWrapper]):
         log_every: int = 10,
         eval_batch_size: int = 32,
         distributed_port: int | None = None,
+        preemption_signal: str = "SIGTERM",
     ) -> ModelWrapper:
         for name, value in (
             ("train_steps", train_steps),
@@ -135,6 +149,11 @@ class TrainStep(Step[ModelWrapper]):
                     f"split {split!r} is not in the dataset; choose one of "
                     f"{sorted(dataset_dict.keys())}"
                 )
+        if preemption_signal not in PREEMPTION_SIGNALS:
+            raise ConfigurationError(
+                f"preemption_signal must be one of {', '.join(PREEMPTION_SIGNALS)}, "
+                f"got {preemption_signal!r}"
+            )
         # Fails here, not in a worker, when the batch does not split evenly.
         BatchSchedule(len(dataset_dict[train_split]), batch_size, seed, device_count, 0, grad_accum)
         devices = _devices(device_count)
@@ -155,7 +174,17 @@ class TrainStep(Step[ModelWrapper]):
             distributed_port=distributed_port or free_port(),
             world_size=device_count,
         )
-        run_training(TrainPlan(config, model, engine, dataset_dict, batch_size, eval_batch_size))
+        run_training(
+            TrainPlan(
+                config,
+                model,
+                engine,
+                dataset_dict,
+                batch_size,
+                eval_batch_size,
+                signal.Signals[preemption_signal],
+            )
+        )
 
         trained = model.construct()
         assert isinstance(trained, ModelWrapper)
@@ -178,14 +207,50 @@ def _devices(device_count: int) -> list[int]:
     return [-1] * device_count
 
 
-def run_training(plan: TrainPlan) -> None:
-    """Train in ``plan.config.work_dir`` (resuming from its newest checkpoint) on every device."""
-    if plan.config.world_size > 1:
-        import torch.multiprocessing as mp
+class TrainingStopped(RuntimeError):
+    """Training stopped before the last step; its newest checkpoint is intact and resumable."""
 
-        mp.spawn(_worker, args=(plan,), nprocs=plan.config.world_size)
-    else:
+
+def run_training(plan: TrainPlan) -> None:
+    """Train in ``plan.config.work_dir`` (resuming from its newest checkpoint) on every device.
+
+    With several processes, the preemption signal received here is passed on to every worker,
+    and a worker that dies or fails stops the others at once (one-line error naming it).
+    """
+    if plan.config.world_size == 1:
         _worker(0, plan)
+        return
+    import torch.multiprocessing as mp
+
+    context = mp.start_processes(
+        _worker, args=(plan,), nprocs=plan.config.world_size, join=False, start_method="spawn"
+    )
+
+    def forward_signal(signum: int, frame: Any) -> None:
+        for process in context.processes:
+            if process.is_alive() and process.pid is not None:
+                os.kill(process.pid, signum)
+
+    previous = signal.signal(plan.preemption_signal, forward_signal)
+    try:
+        while not context.join():
+            pass
+    except mp.ProcessExitedException as error:
+        raise TrainingStopped(
+            f"training process {error.error_index} died ({error.signal_name or error.exit_code}); "
+            f"the others were stopped; {_resume_hint(plan)}"
+        ) from None
+    except mp.ProcessRaisedException as error:
+        reason = [line for line in str(error).splitlines() if line.strip()][-1]
+        raise TrainingStopped(f"training process {error.error_index} failed: {reason}") from None
+    finally:
+        signal.signal(plan.preemption_signal, previous)
+
+
+def _resume_hint(plan: TrainPlan) -> str:
+    latest = plan.checkpoints / "latest"
+    where = f"checkpoint {latest.read_text().strip()}" if latest.is_file() else "the start"
+    return f"rerun the same command to resume from {where}"
 
 
 def _worker(rank: int, plan: TrainPlan) -> None:
@@ -237,6 +302,35 @@ def _train(engine: Engine, plan: TrainPlan) -> None:
         disable=not is_main,
     )
     guard = NonFiniteGuard(engine, schedule)
+    preemption = Preemption(plan.preemption_signal)
+    try:
+        _run_steps(engine, plan, queries, schedule, start, guard, preemption, progress, log)
+    finally:
+        preemption.restore()
+
+    state = engine.full_model_state()
+    if is_main:
+        assert state is not None
+        target = config.work_dir / FINAL_WEIGHTS
+        torch.save(state, target.with_suffix(".tmp"))
+        os.replace(target.with_suffix(".tmp"), target)
+    _barrier()
+
+
+def _run_steps(
+    engine: Engine,
+    plan: TrainPlan,
+    queries: list,
+    schedule: BatchSchedule,
+    start: int,
+    guard: NonFiniteGuard,
+    preemption: Preemption,
+    progress: Any,
+    log: TrainingLog,
+) -> None:
+    config = plan.config
+    assert config.train_steps is not None
+    model = engine.wrapped_model
     for step in progress:
         step_loss = torch.zeros((), device=engine.device)
         micro_batches = schedule.micro_batches(step)
@@ -251,19 +345,26 @@ def _train(engine: Engine, plan: TrainPlan) -> None:
         done = step + 1
         guard.update(done, step_loss)
         checkpoint_now = done % config.checkpoint_every == 0 or done == config.train_steps
+        preempted = False
         if done % config.log_every == 0 or done == 1 or checkpoint_now:
-            guard.check()  # before logging, validating or checkpointing a broken model
+            # Agreed by all ranks, before logging, validating or checkpointing a broken model.
+            preempted = guard.check(preemption.received)
             mean_loss = _mean_over_ranks(step_loss)
             lr = engine.optimizer.param_groups[0]["lr"]
             log.write({"step": done, "train_loss": mean_loss, "lr": lr})
             progress.set_postfix(loss=f"{mean_loss:.4f}")
+        if preempted:
+            _save_checkpoint(engine, plan, done)
+            raise TrainingStopped(
+                f"preempted by {preemption.signal.name} after step {done}; {_resume_hint(plan)}"
+            )
         if config.validation_split is not None and (
             done == config.train_steps
             or (config.validate_every is not None and done % config.validate_every == 0)
         ):
             metrics = _validate(engine, plan)
             log.write({"step": done, **{f"val_{k}": v for k, v in metrics.items()}})
-            if is_main:
+            if config.is_local_main_process:
                 logger.info(
                     "step %d: validation acc %.4f, acc_norm %.4f",
                     done,
@@ -272,14 +373,6 @@ def _train(engine: Engine, plan: TrainPlan) -> None:
                 )
         if checkpoint_now:
             _save_checkpoint(engine, plan, done)
-
-    state = engine.full_model_state()
-    if is_main:
-        assert state is not None
-        target = config.work_dir / FINAL_WEIGHTS
-        torch.save(state, target.with_suffix(".tmp"))
-        os.replace(target.with_suffix(".tmp"), target)
-    _barrier()
 
 
 class NonFiniteLossError(RuntimeError):
@@ -312,11 +405,12 @@ class NonFiniteGuard:
         self.worst[1] = torch.where(past_bound, step - self.bound, self.worst[1])
         self.worst[0] = torch.maximum(self.worst[0], self.streak)
 
-    def check(self) -> None:
-        worst = self.worst.clone()
+    def check(self, preempted: bool = False) -> bool:
+        """Raise if the losses broke; return whether any rank was asked to stop (one collective)."""
+        flags = torch.cat([self.worst, self.worst.new_tensor([int(preempted)])])
         if dist.is_initialized():
-            dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-        longest, first = (int(v) for v in worst.tolist())
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        longest, first, stop = (int(v) for v in flags.tolist())
         if longest > self.bound:
             examples = self.schedule.global_batch(first - 1)
             raise NonFiniteLossError(
@@ -324,6 +418,30 @@ class NonFiniteGuard:
                 f"{self.bound} tolerated); its training examples: {examples}; training stopped, "
                 "its last checkpoint is kept — lower lr, set max_grad_norm, or use 32-true"
             )
+        return bool(stop)
+
+
+class Preemption:
+    """Records the preemption signal (SIGTERM by default) instead of dying on it.
+
+    The loop then stops every rank at the same step, checkpoints and exits with
+    :class:`TrainingStopped`; the previous handler is restored afterwards.
+    """
+
+    def __init__(self, signum: signal.Signals) -> None:
+        self.signal = signum
+        self.received = False
+        # Handlers can only be set from the main thread (an executor may run steps elsewhere).
+        self._installed = threading.current_thread() is threading.main_thread()
+        if self._installed:
+            self._previous = signal.signal(signum, self._record)
+
+    def _record(self, signum: int, frame: Any) -> None:
+        self.received = True
+
+    def restore(self) -> None:
+        if self._installed:
+            signal.signal(self.signal, self._previous)
 
 
 def _validate(engine: Engine, plan: TrainPlan) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tango_fairscale.format import ModelFormat
 from tango_fairscale.model import ModelWrapper
 
 TRAIN = """
@@ -41,47 +42,98 @@ def latest_checkpoint(workspace: Path) -> str | None:
     return None
 
 
-def test_sigkill_then_rerun_resumes_and_matches(tmp_path, tiny_model_dir, piqa_dir) -> None:
-    steps = 40
-    interrupted, uninterrupted = tmp_path / "interrupted", tmp_path / "uninterrupted"
-    command = train_command(interrupted, tiny_model_dir, piqa_dir, steps)
+STEPS = 40
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, tiny_model_dir, piqa_dir) -> ModelWrapper:
+    """The reference: the same 2-process FairScale run, never interrupted."""
+    workspace = tmp_path_factory.mktemp("uninterrupted")
+    command = train_command(workspace, tiny_model_dir, piqa_dir, STEPS)
+    subprocess.run(command, check=True, capture_output=True, timeout=300)
+    return ModelFormat().read(next(workspace.glob("cache/TrainStep-*")))
+
+
+def start_and_wait_for_a_checkpoint(command: list[str], workspace: Path) -> subprocess.Popen:
     job = subprocess.Popen(
-        command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        command, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     deadline = time.monotonic() + 240
-    while latest_checkpoint(interrupted) is None:
+    while latest_checkpoint(workspace) is None:
         assert job.poll() is None and time.monotonic() < deadline, "no checkpoint was written"
         time.sleep(0.02)
-    os.killpg(job.pid, signal.SIGKILL)  # the launcher and both workers, mid-training
-    job.wait()
-    killed_at = latest_checkpoint(interrupted)
-    assert killed_at is not None and killed_at < f"step{steps:07d}", killed_at
-    assert not list(interrupted.glob("cache/*/work/final_weights.pt"))
+    return job
 
+
+def workers_of(pid: int) -> list[int]:
+    """Process ids of the training workers spawned by ``pid``."""
+    workers = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and b"spawn_main" in cmdline:
+            workers.append(int(stat.parent.name))
+    return workers
+
+
+def assert_resumes_to_the_reference(command, workspace: Path, reference: ModelWrapper) -> None:
+    stopped_at = latest_checkpoint(workspace)
+    assert stopped_at is not None and stopped_at < f"step{STEPS:07d}", stopped_at
+    assert not list(workspace.glob("cache/*/work/final_weights.pt"))
     subprocess.run(command, check=True, capture_output=True, timeout=300)
-    subprocess.run(
-        train_command(uninterrupted, tiny_model_dir, piqa_dir, steps),
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-
-    resumed, reference = (
-        ModelWrapper(str(next(ws.glob("cache/TrainStep-*")))) for ws in (interrupted, uninterrupted)
-    )
+    resumed = ModelFormat().read(next(workspace.glob("cache/TrainStep-*")))
     for key, value in reference.state_dict().items():
         torch.testing.assert_close(resumed.state_dict()[key], value, rtol=0, atol=1e-5, msg=key)
-    log = [
-        json.loads(line)
-        for line in next(interrupted.glob("cache/TrainStep-*/training_log.jsonl"))
-        .read_text()
-        .splitlines()
-    ]
-    assert [r["step"] for r in log if "train_loss" in r] == list(range(1, steps + 1))
+    logged = [r["step"] for r in resumed.training_log if "train_loss" in r]
+    assert logged == list(range(1, STEPS + 1))
     # The raw log shows the rerun resumed instead of starting over: step 1 was trained once.
-    raw = next(interrupted.glob("cache/*/work/training_log.jsonl")).read_text().splitlines()
+    raw = next(workspace.glob("cache/*/work/training_log.jsonl")).read_text().splitlines()
     first_steps = [r for r in map(json.loads, raw) if r["step"] == 1 and "train_loss" in r]
     assert len(first_steps) == 1
+
+
+def test_sigkill_then_rerun_resumes_and_matches(
+    tmp_path, tiny_model_dir, piqa_dir, uninterrupted
+) -> None:
+    command = train_command(tmp_path, tiny_model_dir, piqa_dir, STEPS)
+    job = start_and_wait_for_a_checkpoint(command, tmp_path)
+    os.killpg(job.pid, signal.SIGKILL)  # the launcher and both workers, mid-training
+    job.communicate()
+    assert_resumes_to_the_reference(command, tmp_path, uninterrupted)
+
+
+def test_sigterm_checkpoints_and_exits_resumably(
+    tmp_path, tiny_model_dir, piqa_dir, uninterrupted
+) -> None:
+    command = train_command(tmp_path, tiny_model_dir, piqa_dir, STEPS)
+    job = start_and_wait_for_a_checkpoint(command, tmp_path)
+    job.send_signal(signal.SIGTERM)  # to the launcher only: it passes it on to the workers
+    _, stderr = job.communicate(timeout=120)
+    assert job.returncode != 0
+    assert "preempted by SIGTERM after step" in stderr and "rerun the same command" in stderr
+    stopped_at = latest_checkpoint(tmp_path)
+    assert f"resume from checkpoint {stopped_at}" in stderr  # the checkpoint of the last step
+    assert_resumes_to_the_reference(command, tmp_path, uninterrupted)
+
+
+def test_a_dead_rank_stops_the_others_with_its_name(
+    tmp_path, tiny_model_dir, piqa_dir, uninterrupted
+) -> None:
+    command = train_command(tmp_path, tiny_model_dir, piqa_dir, STEPS)
+    job = start_and_wait_for_a_checkpoint(command, tmp_path)
+    workers = workers_of(job.pid)
+    assert len(workers) == 2
+    os.kill(workers[1], signal.SIGKILL)
+    started = time.monotonic()
+    _, stderr = job.communicate(timeout=120)
+    assert time.monotonic() - started < 60  # bounded: no collective waits forever
+    assert job.returncode != 0
+    assert "died (SIGKILL); the others were stopped" in stderr
+    assert not any(Path(f"/proc/{pid}").exists() for pid in workers)  # nothing left behind
+    assert_resumes_to_the_reference(command, tmp_path, uninterrupted)
 
 
 def test_a_non_finite_loss_stops_training_and_keeps_the_last_checkpoint(
