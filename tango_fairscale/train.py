@@ -217,6 +217,7 @@ def run_training(plan: TrainPlan) -> None:
     With several processes, the preemption signal received here is passed on to every worker,
     and a worker that dies or fails stops the others at once (one-line error naming it).
     """
+    plan.config.work_dir.mkdir(parents=True, exist_ok=True)
     if plan.config.world_size == 1:
         _worker(0, plan)
         return

@@ -40,3 +40,16 @@ def test_resume_on_another_device_count(
     raw = [json.loads(line) for line in (tmp_path / "training_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in raw if "train_loss" in r] == list(range(1, 21))  # no replay
     assert_same_training(ddp_reference, log, state)
+
+
+def test_compiled_units_match_ddp(ddp_reference, tmp_path, tiny_model_dir, piqa_small) -> None:
+    """``compile: true`` (torch.compile per block, before sharding) changes speed, not results."""
+    trained = train_tiny(
+        tmp_path,
+        tiny_model_dir,
+        piqa_small,
+        "tango_fairscale::fsdp2",
+        1,
+        sharding={"compile": True},
+    )
+    assert_same_training(ddp_reference, trained.training_log, trained.state_dict())
