@@ -511,7 +511,16 @@ def _resume(engine: Engine, plan: TrainPlan) -> int:
     if not latest.is_file():
         return 0
     directory = plan.checkpoints / latest.read_text().strip()
-    client_state = engine.load_checkpoint(directory)
+    try:
+        client_state = engine.load_checkpoint(directory)
+    except ConfigurationError:
+        raise
+    except Exception as error:  # truncated, corrupted, foreign or unsafe (pickled code) files
+        reason = " ".join(str(error).split())[:300]
+        raise ConfigurationError(
+            f"checkpoint {directory} cannot be loaded ({type(error).__name__}: {reason}); "
+            f"delete {plan.checkpoints} to start this step over"
+        ) from None
     torch.set_rng_state(client_state["rng"])
     return int(client_state["step"])
 

@@ -193,3 +193,45 @@ def test_non_finite_guard(scaled, losses, fails_at) -> None:
     else:
         with pytest.raises(NonFiniteLossError, match=f"at step {fails_at} "):
             guard.check()
+
+
+class Payload:
+    """Unpickling this runs ``touch MARKER``: what a malicious checkpoint would do."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("damage", ["truncated", "malicious", "wrong-shape"])
+def test_a_damaged_checkpoint_is_refused_in_one_line(
+    damage, tmp_path, tiny_model_dir, piqa_small
+) -> None:
+    from conftest import train_in
+    from tango.common.exceptions import ConfigurationError
+
+    from tango_fairscale.model import ModelWrapper
+
+    train_in(tmp_path, tiny_model_dir, piqa_small, "tango_fairscale::ddp", 1, 5)
+    state_file = tmp_path / "checkpoints" / "step0000005" / "rank0.pt"
+    marker = tmp_path / "payload-ran"
+    if damage == "truncated":
+        state_file.write_bytes(state_file.read_bytes()[:1000])
+    elif damage == "malicious":
+        torch.save({"model": Payload(marker)}, state_file)
+    else:  # a checkpoint of another model: wider embeddings
+        other = tmp_path / "other-model"
+        from conftest import save_tiny_gpt2, shared_data_dir
+
+        save_tiny_gpt2(other, shared_data_dir() / "gpt2-tokenizer", n_embd=64)
+        state = torch.load(state_file, weights_only=True)
+        state["model"] = ModelWrapper(str(other)).state_dict()
+        torch.save(state, state_file)
+    with pytest.raises(ConfigurationError) as error:
+        train_in(tmp_path, tiny_model_dir, piqa_small, "tango_fairscale::ddp", 1, 10)
+    message = str(error.value)
+    assert "\n" not in message
+    assert f"checkpoint {state_file.parent} cannot be loaded" in message
+    assert not marker.exists()  # the payload never ran
