@@ -31,6 +31,8 @@ local ref(name) = { type: 'ref', ref: name };
 
 assert train_steps >= 0 : 'train_steps must be 0 (evaluate only) or positive, got %d' % train_steps;
 assert limit >= 0 : 'limit must be 0 (all examples) or positive, got %d' % limit;
+assert !(std.extVar('engine') == 'pipe' && int('device_count') > 1) :
+       "engine 'pipe' drives all its devices from one process: set -D device_count=1";
 
 {
   steps: {

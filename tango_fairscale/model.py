@@ -94,49 +94,46 @@ class ModelWrapper(Model):
         hidden = self.model.base_model(
             input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1], use_cache=False
         ).last_hidden_state
-        targets = labels[:, 1:]
-        scored = targets != IGNORE_INDEX
-        # The vocabulary projection only where a token is scored: a fraction of the sequence.
-        token_nll = self._token_nll(hidden[scored], targets[scored])
-        rows = scored.nonzero()[:, 0]
-        row_nll = torch.zeros(len(input_ids), dtype=token_nll.dtype, device=token_nll.device)
-        row_nll = row_nll.index_add(0, rows, token_nll)
-        num_tokens = scored.sum(dim=1)
-        loss = (row_nll / num_tokens.clamp(min=1)).mean()
-        return {"loss": loss, "loglikelihood": -row_nll, "num_tokens": num_tokens}
-
-    def _token_nll(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Cross-entropy of each scored token, ``LOGIT_CHUNK_ROWS`` rows of logits at a time.
-
-        fp32 logits are ``rows × vocabulary`` (3.3 GB for 16 × 1024 GPT-2 tokens); in chunks, and
-        recomputed in the backward pass instead of stored, they never exist all at once.
-        """
         head = self.model.get_output_embeddings()
-        if len(targets) <= LOGIT_CHUNK_ROWS or not torch.is_grad_enabled():
-            return torch.cat(
-                [
-                    _chunk_nll(
-                        head, hidden[i : i + LOGIT_CHUNK_ROWS], targets[i : i + LOGIT_CHUNK_ROWS]
-                    )
-                    for i in range(0, len(targets), LOGIT_CHUNK_ROWS)
-                ]
-            )
-        chunks = [
-            checkpoint(
-                _chunk_nll,
-                head,
-                hidden[i : i + LOGIT_CHUNK_ROWS],
-                targets[i : i + LOGIT_CHUNK_ROWS],
-                use_reentrant=False,
-            )
-            for i in range(0, len(targets), LOGIT_CHUNK_ROWS)
-        ]
-        return torch.cat(chunks)
+        return loss_outputs(*scored_row_nll(head, hidden, labels[:, 1:]))
 
     def save(self, directory: Path) -> None:
         """Write weights (safetensors), config and tokenizer in Hugging Face's layout."""
         self.model.save_pretrained(directory)
         self.tokenizer.save_pretrained(directory)
+
+
+def scored_row_nll(
+    head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's summed cross-entropy over its scored targets, and how many it has.
+
+    ``hidden`` ``(B, T, H)`` predicts ``targets`` ``(B, T)`` (``-100``: not scored). The
+    vocabulary projection runs only where a token is scored, ``LOGIT_CHUNK_ROWS`` rows of logits at
+    a time, each chunk recomputed in the backward pass instead of stored: fp32 logits of 16 × 1024
+    GPT-2 tokens would be 3.3 GB.
+    """
+    scored = targets != IGNORE_INDEX
+    hidden, flat_targets = hidden[scored], targets[scored]
+    chunks = range(0, len(flat_targets), LOGIT_CHUNK_ROWS)
+    recompute = len(flat_targets) > LOGIT_CHUNK_ROWS and torch.is_grad_enabled()
+    pieces = []
+    for i in chunks:
+        arguments = (head, hidden[i : i + LOGIT_CHUNK_ROWS], flat_targets[i : i + LOGIT_CHUNK_ROWS])
+        if recompute:
+            pieces.append(checkpoint(_chunk_nll, *arguments, use_reentrant=False))
+        else:
+            pieces.append(_chunk_nll(*arguments))
+    token_nll = torch.cat(pieces)
+    rows = scored.nonzero()[:, 0]
+    row_nll = torch.zeros(len(targets), dtype=token_nll.dtype, device=token_nll.device)
+    return row_nll.index_add(0, rows, token_nll), scored.sum(dim=1)
+
+
+def loss_outputs(row_nll: torch.Tensor, num_tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``forward``'s outputs from each row's summed cross-entropy and scored-token count."""
+    loss = (row_nll / num_tokens.clamp(min=1)).mean()
+    return {"loss": loss, "loglikelihood": -row_nll, "num_tokens": num_tokens}
 
 
 def _chunk_nll(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -48,7 +47,7 @@ TRAIN_DEFINES = (
 RUN_TIMEOUT_S = 600
 RUN_OF_TEST = {
     "test_unknown_engine_is_one_line": "bogus_engine",
-    "test_planned_engine_is_one_line": "planned_engine",
+    "test_pipe_on_two_processes_is_one_line": "pipe_two_devices",
     "test_unknown_model_path_is_one_line": "no_model",
     "test_evaluation_equals_lm_eval_piqa": "evaluate",
     "test_ddp_training_lowers_loss_and_validates": "train",
@@ -105,14 +104,6 @@ class TangoRun:
             self.process.wait()
 
 
-def planned_engine() -> str | None:
-    """An engine the config lists as planned but not available yet (``None`` when none is)."""
-    text = (REPO_ROOT / "configs" / "lib" / "engines.libsonnet").read_text()
-    match = re.search(r"local planned = \[(.*?)\];", text, re.S)
-    names = re.findall(r"'([^']+)'", match.group(1)) if match else []
-    return names[-1] if names else None
-
-
 @pytest.fixture(scope="module")
 def runs(
     request: pytest.FixtureRequest,
@@ -132,11 +123,9 @@ def runs(
         "bogus_engine": run("bogus_engine", model, data, "engine=bogus", "train_steps=5"),
         "no_model": run("no_model", "model=/nonexistent/dir", data, "train_steps=0"),
     }
-    engine = planned_engine()
-    if engine is not None:
-        started["planned_engine"] = run(
-            "planned_engine", model, data, f"engine={engine}", "train_steps=5"
-        )
+    started["pipe_two_devices"] = run(
+        "pipe_two_devices", model, data, "engine=pipe", "device_count=2", "train_steps=5"
+    )
     # Start together the runs that the selected tests of this module wait for; any other run
     # starts when first waited for.
     module = sys.modules[__name__]
@@ -178,17 +167,12 @@ def test_unknown_engine_is_one_line(runs: dict[str, TangoRun]) -> None:
     assert "Starting step" not in runs["bogus_engine"].log.read_text()
 
 
-def test_planned_engine_is_one_line(runs: dict[str, TangoRun]) -> None:
-    engine = planned_engine()
-    if engine is None:
-        pytest.skip("every engine of configs/lib/engines.libsonnet is available now")
-    line = assert_fails_with_line(
-        runs["planned_engine"],
-        f"engine '{engine}' is not available yet in this version of tango_fairscale; "
-        "use -D engine=",
+def test_pipe_on_two_processes_is_one_line(runs: dict[str, TangoRun]) -> None:
+    assert_fails_with_line(
+        runs["pipe_two_devices"],
+        "engine 'pipe' drives all its devices from one process: set -D device_count=1",
     )
-    assert "ddp" in line.split("use -D engine=", 1)[1], line
-    assert "Starting step" not in runs["planned_engine"].log.read_text()
+    assert "Starting step" not in runs["pipe_two_devices"].log.read_text()
 
 
 def test_unknown_model_path_is_one_line(runs: dict[str, TangoRun]) -> None:

@@ -7,15 +7,14 @@ local engines = {
   ddp: { type: 'tango_fairscale::ddp' },
   fairscale: { type: 'tango_fairscale::fairscale', sharding: {} },
   fsdp2: { type: 'tango_fairscale::fsdp2', sharding: {} },
+  // Pipeline stages over every visible GPU (two CPU stages without GPUs); run with device_count=1.
+  pipe: { type: 'tango_fairscale::pipe' },
 };
-local planned = ['pipe'];
 
 {
   engine(name, precision, lr)::
     if std.objectHas(engines, name) then
       engines[name] { precision: precision, optimizer: optimizer(lr) }
-    else if std.member(planned, name) then
-      error "engine '%s' is not available yet in this version of tango_fairscale; use -D engine=ddp, fairscale or fsdp2" % name
     else
       error "unknown engine '%s'; choose one of ddp, fairscale, fsdp2, pipe" % name,
 }
