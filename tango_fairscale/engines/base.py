@@ -21,6 +21,7 @@ from tango.common.exceptions import ConfigurationError
 from tango.integrations.torch import LRScheduler, Model, Optimizer, TrainConfig, TrainingEngine
 
 from ..model import ModelWrapper
+from ..wrapping import ShardingConfig
 
 logger = logging.getLogger(__name__)
 
@@ -120,6 +121,7 @@ class Engine(TrainingEngine):
         self.device = train_config.worker_local_default_device
         self.precision = resolve_precision(precision, self.device)
         self.max_grad_norm = max_grad_norm
+        self._check_options()
         init_process_group(train_config, always=self.sharded)
         self._no_sync = contextlib.ExitStack()
         super().__init__(train_config, model, optimizer, lr_scheduler=lr_scheduler)
@@ -127,6 +129,9 @@ class Engine(TrainingEngine):
         self.skipped_steps = 0  # optimizer steps the fp16 grad scaler skipped
 
     # --- construction -------------------------------------------------------------------------
+
+    def _check_options(self) -> None:
+        """Refuse option combinations this engine cannot run (before any expensive work)."""
 
     def _construct_model(self, model: Model | Lazy[Model]) -> Model:
         if isinstance(model, Lazy):
@@ -282,6 +287,36 @@ class Engine(TrainingEngine):
             self._state_file(checkpoint_dir, 0), map_location="cpu", weights_only=True
         )
         torch.save(state["model"], weights_path)
+
+
+class ShardedEngine(Engine):
+    """Base of the sharded engines (``fairscale``, ``fsdp2``): adds their shared ``sharding`` field.
+
+    :param sharding: a :class:`~tango_fairscale.wrapping.ShardingConfig`.
+    """
+
+    sharded = True
+
+    def __init__(
+        self,
+        train_config: TrainConfig,
+        model: Model | Lazy[Model],
+        optimizer: Lazy[Optimizer],
+        *,
+        lr_scheduler: Lazy[LRScheduler] | None = None,
+        precision: str = "auto",
+        max_grad_norm: float | None = None,
+        sharding: ShardingConfig | None = None,
+    ) -> None:
+        self.sharding = sharding or ShardingConfig()
+        super().__init__(
+            train_config,
+            model,
+            optimizer,
+            lr_scheduler=lr_scheduler,
+            precision=precision,
+            max_grad_norm=max_grad_norm,
+        )
 
 
 def unwrap(model: torch.nn.Module) -> ModelWrapper:

@@ -9,18 +9,17 @@ import torch.distributed as dist
 from fairscale.nn.checkpoint import checkpoint_wrapper
 from fairscale.nn.data_parallel import FullyShardedDataParallel as FSDP
 from fairscale.optim.grad_scaler import ShardedGradScaler
-from tango.common import Lazy
 from tango.common.exceptions import ConfigurationError
-from tango.integrations.torch import LRScheduler, Model, Optimizer, TrainConfig, TrainingEngine
+from tango.integrations.torch import Model, TrainingEngine
 
 from .. import compat
 from ..model import ModelWrapper
-from ..wrapping import ShardingConfig, replace_module, selected_units
-from .base import Engine
+from ..wrapping import replace_module, selected_units
+from .base import ShardedEngine
 
 
 @TrainingEngine.register("tango_fairscale::fairscale")
-class FairScaleEngine(Engine):
+class FairScaleEngine(ShardedEngine):
     """FairScale FSDP with regex-selected units, mixed precision, checkpointing and CPU offload.
 
     Registered as a Tango ``TrainingEngine`` under the name ``"tango_fairscale::fairscale"``.
@@ -38,22 +37,10 @@ class FairScaleEngine(Engine):
                  optimizer: {type: "torch::AdamW", lr: 1e-5}}
     """
 
-    sharded = True
     reshards_checkpoints = False
 
-    def __init__(
-        self,
-        train_config: TrainConfig,
-        model: Model | Lazy[Model],
-        optimizer: Lazy[Optimizer],
-        *,
-        lr_scheduler: Lazy[LRScheduler] | None = None,
-        precision: str = "auto",
-        max_grad_norm: float | None = None,
-        sharding: ShardingConfig | None = None,
-    ) -> None:
-        self.sharding = sharding or ShardingConfig()
-        if precision == "bf16-true":
+    def _check_options(self) -> None:
+        if self.precision.name == "bf16-true":
             raise ConfigurationError(
                 "the fairscale engine keeps fp32 master weights; use 'bf16-mixed' instead of "
                 "'bf16-true' (or engine 'ddp' / 'fsdp2' for pure bf16)"
@@ -62,19 +49,11 @@ class FairScaleEngine(Engine):
             raise ConfigurationError(
                 "sharding.compile is supported by the fsdp2 engine only; remove it or use fsdp2"
             )
-        compat.patch_fairscale_for_cpu()
-        super().__init__(
-            train_config,
-            model,
-            optimizer,
-            lr_scheduler=lr_scheduler,
-            precision=precision,
-            max_grad_norm=max_grad_norm,
-        )
-        if dist.get_backend() == "gloo":
-            compat.use_list_collectives_for_gloo()
 
     def _wrap_model(self, model: ModelWrapper) -> Model:
+        compat.patch_fairscale_for_cpu()
+        if dist.get_backend() == "gloo":
+            compat.use_list_collectives_for_gloo()
         config = self.sharding
         # Weights loaded from safetensors live in memory-mapped, fixed-size storage, which
         # FairScale frees by resizing to zero: give such parameters storage of their own.

@@ -9,9 +9,8 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
-from tango.common import Lazy
 from tango.common.exceptions import ConfigurationError
-from tango.integrations.torch import LRScheduler, Model, Optimizer, TrainConfig, TrainingEngine
+from tango.integrations.torch import Model, TrainingEngine
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -22,14 +21,14 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from ..model import ModelWrapper
-from ..wrapping import ShardingConfig, replace_module, selected_units
-from .base import Engine
+from ..wrapping import replace_module, selected_units
+from .base import ShardedEngine
 
 TRAINER_STATE = "trainer.pt"
 
 
 @TrainingEngine.register("tango_fairscale::fsdp2")
-class FSDP2Engine(Engine):
+class FSDP2Engine(ShardedEngine):
     """torch FSDP2: ``fully_shard`` on each unit and the root; the FairScale engine's config.
 
     Registered as a Tango ``TrainingEngine`` under the name ``"tango_fairscale::fsdp2"``.
@@ -51,30 +50,6 @@ class FSDP2Engine(Engine):
                  sharding: {activation_checkpointing: true, compile: true},
                  optimizer: {type: "torch::AdamW", lr: 1e-5}}
     """
-
-    sharded = True
-    reshards_checkpoints = True
-
-    def __init__(
-        self,
-        train_config: TrainConfig,
-        model: Model | Lazy[Model],
-        optimizer: Lazy[Optimizer],
-        *,
-        lr_scheduler: Lazy[LRScheduler] | None = None,
-        precision: str = "auto",
-        max_grad_norm: float | None = None,
-        sharding: ShardingConfig | None = None,
-    ) -> None:
-        self.sharding = sharding or ShardingConfig()
-        super().__init__(
-            train_config,
-            model,
-            optimizer,
-            lr_scheduler=lr_scheduler,
-            precision=precision,
-            max_grad_norm=max_grad_norm,
-        )
 
     def _wrap_model(self, model: ModelWrapper) -> Model:
         config = self.sharding
