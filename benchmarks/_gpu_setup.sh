@@ -2,7 +2,7 @@
 #
 #   source benchmarks/_gpu_setup.sh
 #
-# Needs OUT. Defines T0, elapsed(), TOTAL (BENCH_TOTAL_S, default $DEFAULT_TOTAL_S or 480), LOG,
+# Needs OUT (and NEEDS_PIQA=0 from a script that reads no PIQA files). Defines T0, elapsed(), TOTAL (BENCH_TOTAL_S, default $DEFAULT_TOTAL_S or 480), LOG,
 # PIQA, TOK, TINY (array: --tiny under BENCH_TINY=1), PY; checks the carried data, installs the
 # carried wheels (.whl/, unless BENCH_SKIP_INSTALL=1) into /tmp/site, exports the environment and
 # prints the versions. Exits 2 (missing input) or 3 (install failed).
@@ -19,7 +19,9 @@ TOK=${TOKENIZER_DIR:-.gpudata/gpt2-tokenizer}
 TINY=()
 [ "${BENCH_TINY:-0}" = 1 ] && TINY=(--tiny)
 
-for f in "$PIQA/train.jsonl" "$PIQA/valid-labels.lst" "$TOK/tokenizer.json"; do
+NEEDED=("$TOK/tokenizer.json")
+[ "${NEEDS_PIQA:-1}" = 1 ] && NEEDED+=("$PIQA/train.jsonl" "$PIQA/valid-labels.lst")
+for f in "${NEEDED[@]}"; do
   [ -f "$f" ] || { echo "missing $f (carry .gpudata/ or set PIQA_DIR / TOKENIZER_DIR)"; exit 2; }
 done
 if [ "${BENCH_SKIP_INSTALL:-0}" != 1 ]; then

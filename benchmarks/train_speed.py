@@ -20,13 +20,22 @@ Data (``--data``):
 Configurations are ``ENGINE-PRECISION[-MODIFIER...]``:
 
 * ENGINE: ``ddp`` (``DDPEngine``; a bare model at world size 1), ``fairscale``
-  (``FairScaleEngine``) or ``fsdp2`` (``FSDP2Engine``).
+  (``FairScaleEngine``), ``fsdp2`` (``FSDP2Engine``) or ``pipe`` (``PipeEngine``: ONE process,
+  world size 1 only, its stages on ``--pipe-devices``, default every visible GPU / ``cpu,cpu``).
 * PRECISION: ``fp32`` (``32-true``), ``bf16`` (``bf16-mixed``: autocast for ddp, FSDP mixed
   precision for fairscale), ``fp16`` / ``16-mixed`` (``16-mixed`` + grad scaler), ``bf16true``
   (``bf16-true``).
 * MODIFIERS (sharded engines): ``root`` (no per-block units), ``ckpt`` (activation
   checkpointing of every unit), ``offload`` (CPU offload), ``noflat``, ``noreshard``, ``compile``
   (fsdp2 only).
+* MODIFIERS (pipe): ``cN`` (N chunks = micro-batches, default 4), ``ckpt-always`` /
+  ``ckpt-never`` / ``ckpt-except_last`` (default), ``bA_B`` (A and B blocks per stage; default
+  automatic by parameter count). A pipe's batch is the whole pipe's (B rows, cut into N
+  micro-batches); its tokens/s per GPU are the pipe's divided by its stages, its peak memory is
+  read on every stage's GPU. The Markdown's pipe section puts each pipe run against the DDP run
+  at world size 1 with the same batch (the single GPU): efficiency = pipe tokens/s / (S x
+  single-GPU tokens/s) next to the GPipe bubble (S - 1) / (M + S - 1) and a prediction from the
+  bubble, the stages' FLOP balance and recomputation.
 
 Run by path (``benchmarks/`` is not a package)::
 
@@ -35,6 +44,9 @@ Run by path (``benchmarks/`` is not a package)::
         --tokenizer .gpudata/gpt2-tokenizer --out /tmp/speed.json
     python benchmarks/train_speed.py --data piqa --piqa .gpudata/piqa --world-size 2,1 \
         --configs ddp-fp32,fairscale-bf16-ckpt --compare-to ddp-fp32 --out /tmp/speed-piqa.json
+    python benchmarks/train_speed.py --world-size 1 --batch-size 8 --steps 5 --warmup 2 \
+        --plan 1.5b:ddp-bf16,pipe-bf16-c4,pipe-bf16-c8,pipe-bf16-c8-ckpt-always \
+        --compare-to '' --target '' --out /tmp/speed-pipe.json  # pipe over every visible GPU
     python benchmarks/train_speed.py --tiny --world-size 1,2 --out /tmp/speed-cpu.json  # CPU smoke
 
 Writes ``--out`` (JSON, rewritten after every configuration) and the same name with ``.md``: a table
@@ -49,6 +61,7 @@ import argparse
 import gc
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -65,7 +78,14 @@ _bench.setup_paths()
 #: ``modules_to_wrap: []``: no inner units, the whole model is one root unit (catwalk's setting).
 ROOT_ONLY_PATTERNS: list[str] = []
 
+ENGINES = ("ddp", "fairscale", "fsdp2", "pipe")
 MODIFIERS = ("root", "ckpt", "offload", "noflat", "noreshard", "compile")
+PIPE_CHECKPOINT_MODES = ("never", "always", "except_last")
+PIPE_DEFAULT_CHUNKS = 4
+DEFAULT_BATCH = "124m=16,355m=16,774m=8,1.5b=8,tiny=2"
+#: Forward share of a training step's compute (forward 1 unit, backward 2): what recomputing a
+#: checkpointed micro-batch's forward adds, relative to its forward + backward.
+RECOMPUTE_SHARE = 1 / 3
 
 #: Imported once by the forkserver, so that each configuration's workers start with them loaded.
 PRELOAD = [
@@ -94,8 +114,8 @@ LIGHTNING_PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true")
 def parse_config(name: str) -> dict[str, Any]:
     """``fairscale-bf16-ckpt`` -> engine, precision, sharding (errors say what to change)."""
     engine, _, rest = name.partition("-")
-    if engine not in ("ddp", "fairscale", "fsdp2"):
-        raise SystemExit(f"config {name!r}: engine must be 'ddp', 'fairscale' or 'fsdp2'")
+    if engine not in ENGINES:
+        raise SystemExit(f"config {name!r}: engine must be one of {', '.join(ENGINES)}")
     precision = next(
         (p for p in LIGHTNING_PRECISIONS if rest == p or rest.startswith(p + "-")), None
     )
@@ -110,6 +130,14 @@ def parse_config(name: str) -> dict[str, Any]:
             )
         precision = _bench.PRECISION_ALIASES[token]
     modifiers = [m for m in rest.split("-") if m]
+    if engine == "pipe":
+        return {
+            "config": name,
+            "engine": engine,
+            "precision": precision,
+            "sharding": None,
+            **parse_pipe_modifiers(name, modifiers),
+        }
     unknown = [m for m in modifiers if m not in MODIFIERS]
     if unknown:
         raise SystemExit(f"config {name!r}: unknown modifier(s) {unknown}; use {MODIFIERS}")
@@ -139,6 +167,52 @@ def parse_config(name: str) -> dict[str, Any]:
         "modifiers": modifiers,
         "sharding": sharding if engine != "ddp" else None,
     }
+
+
+def parse_pipe_modifiers(name: str, tokens: list[str]) -> dict[str, Any]:
+    """``c8``, ``ckpt-always`` / ``ckpt-never`` / ``ckpt-except_last``, ``b8_4`` (blocks per
+    stage; default automatic) -> the pipe's settings."""
+    pipe: dict[str, Any] = {
+        "chunks": PIPE_DEFAULT_CHUNKS,
+        "checkpoint": "except_last",
+        "balance": None,
+    }
+    modifiers: list[str] = []
+    seen: set[str] = set()
+    tokens = list(tokens)
+    while tokens:
+        token = tokens.pop(0)
+        if re.fullmatch(r"c[1-9][0-9]*", token) and "c" not in seen:
+            pipe["chunks"] = int(token[1:])
+            modifiers.append(token)
+            seen.add("c")
+        elif re.fullmatch(r"b[1-9][0-9]*(_[1-9][0-9]*)+", token) and "b" not in seen:
+            pipe["balance"] = [int(n) for n in token[1:].split("_")]
+            modifiers.append(token)
+            seen.add("b")
+        elif (
+            token == "ckpt" and tokens and tokens[0] in PIPE_CHECKPOINT_MODES and "ckpt" not in seen
+        ):
+            pipe["checkpoint"] = tokens.pop(0)
+            modifiers.append(f"ckpt-{pipe['checkpoint']}")
+            seen.add("ckpt")
+        else:
+            raise SystemExit(
+                f"config {name!r}: pipe modifier {token!r} unknown or repeated; use cN "
+                f"(chunks, default {PIPE_DEFAULT_CHUNKS}) and ckpt-MODE "
+                f"(MODE: {', '.join(PIPE_CHECKPOINT_MODES)}; default except_last), bA_B "
+                "(blocks per stage; default automatic), e.g. pipe-bf16-c8-ckpt-always"
+            )
+    return {"modifiers": modifiers, "pipe": pipe}
+
+
+def pipe_devices(spec_devices: str, cuda: bool, gpus: int) -> list[str]:
+    """``--pipe-devices``: ``all`` = every visible GPU (two CPU stages without GPUs)."""
+    if spec_devices != "all":
+        return [d.strip() for d in spec_devices.split(",") if d.strip()]
+    if cuda:
+        return [f"cuda:{i}" for i in range(gpus)]
+    return ["cpu", "cpu"]
 
 
 def count_parameters(model_config: dict[str, Any]) -> int:
@@ -178,7 +252,7 @@ def _measure(rank: int, spec: dict[str, Any], result_dir: Path) -> dict[str, Any
     from tango.common import Lazy, Params
     from tango.integrations.torch import Optimizer, TrainConfig
 
-    from tango_fairscale.engines import DDPEngine, FairScaleEngine, FSDP2Engine
+    from tango_fairscale.engines import DDPEngine, FairScaleEngine, FSDP2Engine, PipeEngine
     from tango_fairscale.model import ModelWrapper
     from tango_fairscale.wrapping import ShardingConfig
 
@@ -221,13 +295,29 @@ def _measure(rank: int, spec: dict[str, Any], result_dir: Path) -> dict[str, Any
         "precision": spec["precision"],
         "max_grad_norm": spec["max_grad_norm"],
     }
-    engine_class: Any = {"ddp": DDPEngine, "fairscale": FairScaleEngine, "fsdp2": FSDP2Engine}[
-        spec["engine"]
-    ]
-    if spec["engine"] != "ddp":
+    engine_class: Any = {
+        "ddp": DDPEngine,
+        "fairscale": FairScaleEngine,
+        "fsdp2": FSDP2Engine,
+        "pipe": PipeEngine,
+    }[spec["engine"]]
+    if spec["engine"] == "pipe":
+        # One process drives every stage; balance automatic (parameter count per stage)
+        # unless the config names one (bA_B).
+        kwargs.update(
+            devices=spec["pipe_devices"],
+            chunks=spec["pipe"]["chunks"],
+            checkpoint=spec["pipe"]["checkpoint"],
+            balance=spec["pipe"]["balance"],
+        )
+    elif spec["engine"] != "ddp":
         kwargs["sharding"] = ShardingConfig(**spec["sharding"])
     engine = engine_class(**kwargs)
     setup_s = time.perf_counter() - started
+    # The devices this process computes on: one per pipe stage (two CPU stages count twice),
+    # else its own; memory is read once per distinct GPU.
+    devices = list(engine.stage_devices) if spec["engine"] == "pipe" else [device]
+    cuda_devices = list(dict.fromkeys(d for d in devices if d.type == "cuda"))
     _inject_fault(rank)
 
     fsdp_units = None
@@ -268,16 +358,17 @@ def _measure(rank: int, spec: dict[str, Any], result_dir: Path) -> dict[str, Any
             return fixed
 
     def sync() -> None:
-        if cuda:
-            torch.cuda.synchronize(device)
+        for d in cuda_devices:
+            torch.cuda.synchronize(d)
 
     memory_after_setup = None
-    if cuda:
+    if cuda_devices:
         gc.collect()
         sync()
         torch.cuda.empty_cache()
-        memory_after_setup = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
+        memory_after_setup = [torch.cuda.memory_allocated(d) for d in cuda_devices]
+        for d in cuda_devices:
+            torch.cuda.reset_peak_memory_stats(d)
     if dist.is_initialized():
         dist.barrier()
 
@@ -311,12 +402,19 @@ def _measure(rank: int, spec: dict[str, Any], result_dir: Path) -> dict[str, Any
         "init_device": "cuda" if init_on_device else "cpu",
         "fsdp_units": fsdp_units,
         "device": str(device),
+        "devices": [str(d) for d in devices],
     }
-    if cuda:
+    if spec["engine"] == "pipe":
+        result.update(balance=list(engine.balance), stage_devices=[str(d) for d in devices])
+    if cuda_devices:
+        allocated = [torch.cuda.max_memory_allocated(d) for d in cuda_devices]
+        reserved = [torch.cuda.max_memory_reserved(d) for d in cuda_devices]
         result.update(
-            peak_allocated=torch.cuda.max_memory_allocated(device),
-            peak_reserved=torch.cuda.max_memory_reserved(device),
-            allocated_after_setup=memory_after_setup,
+            peak_allocated=max(allocated),
+            peak_reserved=max(reserved),
+            peak_allocated_per_device=allocated,
+            peak_reserved_per_device=reserved,
+            allocated_after_setup_per_device=memory_after_setup,
             device_name=torch.cuda.get_device_name(device),
             device_count=torch.cuda.device_count(),
         )
@@ -415,6 +513,7 @@ def summarize(
             "precision",
             "modifiers",
             "sharding",
+            "pipe",
             "batch_size",
             "seq_len",
             "warmup",
@@ -437,7 +536,8 @@ def summarize(
     warmup = spec["warmup"]
     times = main["step_times_s"][warmup:]
     step_s = _bench.median(times)
-    world = spec["world_size"]
+    # GPUs (devices) doing the work: one per rank, or every stage of a pipe's one process.
+    gpus = sum(len(r.get("devices") or [None]) for r in ranks)
     shape = spec["model_config"]
     # Tokens of the timed steps, summed over ranks (ranks' batches differ in length under piqa);
     # the steps of all ranks take the same time (gradients are reduced in every step).
@@ -449,8 +549,8 @@ def summarize(
         span_s = sum(times)
     else:
         span_s = step_s * len(times)  # one fixed batch: the median step is the step
-    tokens_per_s = real / span_s / world
-    padded_per_s = padded / span_s / world
+    tokens_per_s = real / span_s / gpus
+    padded_per_s = padded / span_s / gpus
     mean_width = sum(widths) / len(widths) - 1  # positions the model reads per row
     seq_for_flops = spec["seq_len"] or mean_width
     flops_per_token = 6 * spec["n_params"] + 12 * shape["n_layer"] * shape["n_embd"] * seq_for_flops
@@ -461,9 +561,10 @@ def summarize(
         step_time_s_min=min(times),
         step_time_s_max=max(times),
         step_times_s=main["step_times_s"],
-        tokens_per_step_per_gpu=round(real / len(times) / world, 1),
+        gpus=gpus,
+        tokens_per_step_per_gpu=round(real / len(times) / gpus, 1),
         tokens_per_s_per_gpu=round(tokens_per_s, 1),
-        tokens_per_s_total=round(tokens_per_s * world, 1),
+        tokens_per_s_total=round(tokens_per_s * gpus, 1),
         padded_tokens_per_s_per_gpu=round(padded_per_s, 1),
         padding_fraction=round(1 - real / padded, 4),
         mean_positions_per_row=round(mean_width, 1),
@@ -478,16 +579,26 @@ def summarize(
         init_device=main["init_device"],
         fsdp_units=main["fsdp_units"],
         grad_scale_final=main.get("grad_scale_final"),
+        devices=[d for r in ranks for d in r.get("devices") or []],
     )
+    if spec["engine"] == "pipe":
+        row.update(stage_devices=main.get("stage_devices"), balance=main.get("balance"))
     if "peak_allocated" in main:
+        # Per device: every rank's device(s) in rank order (a pipe: its stages in order).
         row.update(
             device_name=main.get("device_name"),
             peak_allocated_gib=_bench.gib(max(r["peak_allocated"] for r in ranks)),
             peak_reserved_gib=_bench.gib(max(r["peak_reserved"] for r in ranks)),
             peak_allocated_gib_per_rank=[_bench.gib(r["peak_allocated"]) for r in ranks],
             peak_reserved_gib_per_rank=[_bench.gib(r["peak_reserved"]) for r in ranks],
-            allocated_after_setup_gib_per_rank=[
-                _bench.gib(r["allocated_after_setup"]) for r in ranks
+            peak_allocated_gib_per_device=[
+                _bench.gib(x) for r in ranks for x in r["peak_allocated_per_device"]
+            ],
+            peak_reserved_gib_per_device=[
+                _bench.gib(x) for r in ranks for x in r["peak_reserved_per_device"]
+            ],
+            allocated_after_setup_gib_per_device=[
+                _bench.gib(x) for r in ranks for x in r["allocated_after_setup_per_device"]
             ],
         )
     if "gpu_info" in main:
@@ -600,6 +711,257 @@ def target_checks(report: dict[str, Any]) -> list[dict[str, Any]]:
     return checks
 
 
+# --- the pipe against one GPU -------------------------------------------------------------
+
+
+def micro_batches(rows: int, chunks: int) -> list[int]:
+    """Rows of each micro-batch as ``Pipe`` cuts a batch (``torch.chunk``: ceil-sized pieces,
+    so e.g. 6 rows in 4 chunks give 3 micro-batches of 2)."""
+    if rows < 1 or chunks < 1:
+        return []
+    size = -(-rows // chunks)
+    return [min(size, rows - start) for start in range(0, rows, size)]
+
+
+def bubble_fraction(stages: int, chunks: int) -> float:
+    """GPipe's idle share of each stage: ``(S - 1) / (M + S - 1)``."""
+    return (stages - 1) / (chunks + stages - 1)
+
+
+def block_and_head_flops(model_config: dict[str, Any], seq_len: float) -> tuple[float, float]:
+    """Training FLOPs per token (forward + backward) of one transformer block and of the LM
+    head, by the MFU formula's rules: 6 x parameters (a block: 12 d^2 + 13 d) plus 12 d x seq
+    for a block's attention scores; the head 6 V d; embedding lookups cost nothing."""
+    d = model_config["n_embd"]
+    return 6 * (12 * d * d + 13 * d) + 12 * d * seq_len, 6 * model_config["vocab_size"] * d
+
+
+def stage_flops_per_token(
+    model_config: dict[str, Any], balance: list[int], seq_len: float
+) -> list[float]:
+    """Each stage's training FLOPs per token: its blocks, plus the LM head on the last."""
+    block, head = block_and_head_flops(model_config, seq_len)
+    flops = [n * block for n in balance]
+    flops[-1] += head
+    return flops
+
+
+def checkpointed_share(checkpoint: str, chunks: int) -> float:
+    """Share of the micro-batches whose forward runs twice (FairScale's checkpoint modes)."""
+    if chunks < 1:
+        return 0.0
+    return {"never": 0.0, "always": 1.0, "except_last": (chunks - 1) / chunks}[checkpoint]
+
+
+def single_gpu_baseline(row: dict[str, Any], rows: list[dict[str, Any]]) -> Any:
+    """DDP at world size 1 (the bare model on one GPU), same shape, batch and data; the same
+    precision if measured, else any."""
+    group = [
+        r
+        for r in rows
+        if r["engine"] == "ddp"
+        and "error" not in r
+        and r["world_size"] == 1
+        and r["shape"] == row["shape"]
+        and r["batch_size"] == row["batch_size"]
+        and r["data"] == row["data"]
+    ]
+    same = [r for r in group if r["precision"] == row["precision"]]
+    return (same or group or [None])[0]
+
+
+def pipe_analysis(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every pipe run against the single-GPU run: throughput, efficiency, the GPipe bubble and
+    a prediction of the efficiency from the bubble, the stage balance and recomputation."""
+    rows = report["results"]
+    entries = []
+    for row in rows:
+        if row["engine"] != "pipe":
+            continue
+        pipe = row.get("pipe") or {}
+        entry: dict[str, Any] = {
+            "shape": row["shape"],
+            "config": row["config"],
+            "batch_size": row["batch_size"],
+            "world_size": row["world_size"],
+            "chunks_requested": pipe.get("chunks"),
+            "checkpoint": pipe.get("checkpoint"),
+        }
+        if "error" in row:
+            entry["status"] = f"{row['error']}: {(row.get('message') or '')[:160]}"
+            entries.append(entry)
+            continue
+        stages = len(row.get("stage_devices") or row.get("devices") or [])
+        pieces = micro_batches(row["batch_size"], pipe["chunks"])
+        m = len(pieces)
+        bubble = bubble_fraction(stages, m)
+        model_config = _bench.gpt2_config(row["shape"])
+        seq = row.get("seq_len") or row.get("mean_positions_per_row") or 0
+        flops = stage_flops_per_token(model_config, row.get("balance") or [1] * stages, seq)
+        balance_eff = sum(flops) / len(flops) / max(flops)
+        recompute = 1 + RECOMPUTE_SHARE * checkpointed_share(pipe["checkpoint"], m)
+        predicted = (1 - bubble) * balance_eff / recompute
+        block, head = block_and_head_flops(model_config, seq)
+        entry.update(
+            status="measured",
+            stages=stages,
+            stage_devices=row.get("stage_devices"),
+            balance=row.get("balance"),
+            micro_batches=m,
+            rows_per_micro_batch=pieces,
+            bubble_fraction=round(bubble, 4),
+            bubble_free_share=round(1 - bubble, 4),
+            stage_flops_per_token=[round(f) for f in flops],
+            stage_flop_balance=round(balance_eff, 4),
+            lm_head_in_blocks=round(head / block, 2),
+            recompute_factor=round(recompute, 4),
+            predicted_efficiency=round(predicted, 4),
+            step_time_s=row["step_time_s_median"],
+            tokens_per_s_pipe=row["tokens_per_s_total"],
+            tokens_per_s_per_device=row["tokens_per_s_per_gpu"],
+            peak_allocated_gib_per_device=row.get("peak_allocated_gib_per_device"),
+            peak_reserved_gib_per_device=row.get("peak_reserved_gib_per_device"),
+        )
+        base = single_gpu_baseline(row, rows)
+        if base is None:
+            entry["single_gpu"] = None
+            entries.append(entry)
+            continue
+        measured = row["tokens_per_s_total"] / (stages * base["tokens_per_s_total"])
+        entry.update(
+            single_gpu=base["config"],
+            single_gpu_step_time_s=base["step_time_s_median"],
+            single_gpu_tokens_per_s=base["tokens_per_s_total"],
+            speedup_vs_single_gpu=round(row["tokens_per_s_total"] / base["tokens_per_s_total"], 4),
+            measured_efficiency=round(measured, 4),
+            measured_over_predicted=round(measured / predicted, 4) if predicted else None,
+            single_gpu_peak_allocated_gib=base.get("peak_allocated_gib"),
+            single_gpu_peak_reserved_gib=base.get("peak_reserved_gib"),
+            max_device_peak_allocated_vs_single=_ratio(row, base, "peak_allocated_gib"),
+        )
+        entries.append(entry)
+    return entries
+
+
+def pipe_markdown(entries: list[dict[str, Any]]) -> list[str]:
+    """The pipe section: throughput and efficiency, memory per device, the bubble explained."""
+
+    def fmt(value: Any, spec: str = "") -> str:
+        return "–" if value is None else format(value, spec)
+
+    def per_device(values: Any) -> str:
+        return " / ".join(f"{x:.2f}" for x in values) if values else "–"
+
+    lines = [
+        "",
+        "## Pipeline (`pipe`, GPipe) against one GPU",
+        "",
+        "One process drives S stages, one per device (`balance` = transformer blocks per stage, "
+        "automatic: parameter count balanced, embeddings on the first stage, final norm + LM "
+        "head + loss on the last); each batch of B rows is cut into M micro-batches. One GPU = "
+        "the DDP engine at world size 1 (the bare model) with the same batch B and precision, "
+        "in this run. Efficiency = pipe tokens/s ÷ (S × one-GPU tokens/s): 1.00 would be "
+        "perfect scaling over S GPUs. Bubble = (S−1)/(M+S−1). Predicted efficiency = "
+        "(1 − bubble) × stage FLOP balance ÷ recompute factor (explained below the tables).",
+        "",
+        "| shape | config | B | S | M (rows each) | balance | ckpt | step ms pipe / 1 GPU "
+        "| tok/s pipe | tok/s per device | tok/s 1 GPU | speedup | efficiency | bubble "
+        "| 1 − bubble | FLOP balance | recompute × | predicted | measured / predicted |",
+        "|---|---|---:|---:|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for e in entries:
+        head = f"| {e['shape']} | {e['config']} | {e['batch_size']} "
+        if e["status"] != "measured":
+            lines.append(head + "| – " * 15 + f"| {e['status']} |")
+            continue
+        rows_each = "/".join(str(n) for n in sorted(set(e["rows_per_micro_batch"]), reverse=True))
+        single_ms = e.get("single_gpu_step_time_s")
+        lines.append(
+            head
+            + f"| {e['stages']} | {e['micro_batches']} ({rows_each}) "
+            + f"| {'/'.join(map(str, e['balance'] or []))} | {e['checkpoint']} "
+            + f"| {1000 * e['step_time_s']:.1f} / "
+            + (f"{1000 * single_ms:.1f}" if single_ms else "–")
+            + f" | {e['tokens_per_s_pipe']:,.0f} | {e['tokens_per_s_per_device']:,.0f} "
+            + f"| {fmt(e.get('single_gpu_tokens_per_s'), ',.0f')} "
+            + f"| {fmt(e.get('speedup_vs_single_gpu'), '.2f')} "
+            + f"| **{fmt(e.get('measured_efficiency'), '.3f')}** "
+            + f"| {e['bubble_fraction']:.3f} | {e['bubble_free_share']:.3f} "
+            + f"| {e['stage_flop_balance']:.3f} | {e['recompute_factor']:.3f} "
+            + f"| {e['predicted_efficiency']:.3f} "
+            + f"| {fmt(e.get('measured_over_predicted'), '.3f')} |"
+        )
+    lines += [
+        "",
+        "Peak memory per device (GiB, `torch.cuda.max_memory_allocated` / `_reserved` of each "
+        "stage's GPU over the timed steps), against the one-GPU run:",
+        "",
+        "| shape | config | B | devices | peak alloc per device | 1 GPU peak alloc "
+        "| largest device / 1 GPU | peak reserved per device | 1 GPU peak reserved |",
+        "|---|---|---:|---|---|---:|---:|---|---:|",
+    ]
+    for e in entries:
+        if e["status"] != "measured":
+            continue
+        lines.append(
+            f"| {e['shape']} | {e['config']} | {e['batch_size']} "
+            f"| {', '.join(e.get('stage_devices') or [])} "
+            f"| {per_device(e.get('peak_allocated_gib_per_device'))} "
+            f"| {fmt(e.get('single_gpu_peak_allocated_gib'), '.2f')} "
+            f"| {fmt(e.get('max_device_peak_allocated_vs_single'), '.3f')} "
+            f"| {per_device(e.get('peak_reserved_gib_per_device'))} "
+            f"| {fmt(e.get('single_gpu_peak_reserved_gib'), '.2f')} |"
+        )
+    heads = {
+        (e["shape"], tuple(e["balance"])): e
+        for e in entries
+        if e["status"] == "measured" and e.get("balance") and e["stages"] > 1
+    }
+    lines += [
+        "",
+        "**The bubble.** GPipe sends all M micro-batches forward through stages 1…S, then all "
+        "backward through S…1. Stage s gets its first micro-batch only after the s−1 stages "
+        "before it have handled one, and the last stage's first backward waits for the forward "
+        "to drain: of the M+S−1 micro-batch slots of each forward (and each backward) sweep, "
+        "every stage is busy in M and idle in S−1. With S = 2 the idle share (S−1)/(M+S−1) "
+        "is 1/3 at M = 2, 1/5 at M = 4, 1/9 at M = 8 and 1/17 at M = 16; more micro-batches "
+        "shrink it, but each micro-batch has B/M rows, so its matrix multiplications are "
+        "smaller and use the GPU less well.",
+        "",
+        "**The other predicted losses.** *Stage FLOP balance* = mean ÷ largest of the stages' "
+        "training FLOPs per token (the pipe runs at the pace of its slowest stage): `balance` "
+        "evens out parameters, and the embedding (first stage) and the LM head (last stage) "
+        "hold about as many, but the embedding is a lookup while the head is a V × d matrix "
+        "multiplication, so the last stage has more work. *Recompute factor* = 1 + ⅓ × the "
+        "share of checkpointed micro-batches: a checkpointed micro-batch runs its forward "
+        "again during backward (forward ≈ ⅓ of forward + backward); `except_last` "
+        "checkpoints M−1 of M, `always` all, `never` none. The one-GPU run recomputes nothing.",
+        "",
+        "**What the prediction leaves out** (`measured / predicted` below 1): the smaller "
+        "matrix multiplications of B/M-row micro-batches, the activation copies between the "
+        "GPUs (FairScale's copy streams), the Python worker threads that schedule each "
+        "micro-batch on each stage, the tied LM head's gradient merge and weight copy every "
+        "step, and the optimizer step (per stage, after the pipe has drained).",
+        "",
+        "**Memory.** Each device holds only its stage's parameters, gradients and AdamW state "
+        "(fp32: 16 bytes per parameter, about 1/S of the model's), plus the activations of "
+        "its stage: every micro-batch's full activations with `never` (all M live at once, "
+        "as one whole batch on one GPU, but only this stage's layers), only each "
+        "micro-batch's stage input with checkpointing (the last micro-batch in full under "
+        "`except_last`). The last stage also keeps a copy of the tied embedding "
+        "(V × d, fp32) and its gradient for the LM head.",
+    ]
+    for (shape, _), e in heads.items():
+        lines += [
+            "",
+            f"{shape}: balance {e['balance']} blocks; the LM head costs about "
+            f"{e['lm_head_in_blocks']:.1f} blocks' FLOPs, so the stages' FLOPs per token are "
+            + " / ".join(f"{f / 1e9:.3g} G" for f in e["stage_flops_per_token"])
+            + f" (balance {e['stage_flop_balance']:.3f}).",
+        ]
+    return lines
+
+
 def markdown(report: dict[str, Any]) -> str:
     env = report["environment"]
     settings = report["settings"]
@@ -631,9 +993,17 @@ def markdown(report: dict[str, Any]) -> str:
             if compare_to
             else "."
         ),
-        "Peak memory: the largest over the ranks (per rank in the `per rank` column).",
-        "",
+        "Peak memory: the largest over the GPUs (each GPU's in the `per GPU` column).",
     ]
+    if any(r["engine"] == "pipe" for r in report["results"]):
+        lines.append(
+            "`pipe-*` rows: one process (world size 1) over "
+            f"{', '.join(settings.get('pipe_devices_resolved') or [])}; batch = rows of the "
+            "whole pipe's batch; tokens/s/GPU = the pipe's tokens/s ÷ its stages, and MFU "
+            "per GPU from it; `cN` = N chunks (micro-batches), `ckpt-MODE` = checkpoint mode "
+            "(default `except_last`), `bA_B` = A and B blocks per stage (default automatic)."
+        )
+    lines.append("")
     head = ["world", "shape", "config", "batch", "step ms", "tokens/s/GPU"]
     align = ["---:", "---", "---", "---:", "---:", "---:"]
     if piqa:
@@ -649,7 +1019,7 @@ def markdown(report: dict[str, Any]) -> str:
     if compare_to:
         head += [f"x {compare_to}"]
         align += ["---:"]
-    head += ["per rank", "peak reserved GiB", "units", "base", "note"]
+    head += ["per GPU", "peak reserved GiB", "units", "base", "note"]
     align += ["---", "---:", "---:", "---", "---"]
     lines += ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"]
 
@@ -686,9 +1056,9 @@ def markdown(report: dict[str, Any]) -> str:
         ]
         if compare_to:
             cells += [fmt(r.get("peak_allocated_vs_compare"), ".3f")]
-        per_rank = r.get("peak_allocated_gib_per_rank")
+        per_gpu = r.get("peak_allocated_gib_per_device") or r.get("peak_allocated_gib_per_rank")
         cells += [
-            "/".join(f"{x:.2f}" for x in per_rank) if per_rank else "–",
+            "/".join(f"{x:.2f}" for x in per_gpu) if per_gpu else "–",
             fmt(r.get("peak_reserved_gib"), ".2f"),
             fmt(r.get("fsdp_units")),
             r.get("baseline") or "–",
@@ -734,6 +1104,8 @@ def markdown(report: dict[str, Any]) -> str:
                 f"| {fmt(c['tokens_per_s_ratio'], '.3f')} | {verdict(c['memory_met'])} "
                 f"| {verdict(c['throughput_met'])} |"
             )
+    if report.get("pipe_analysis"):
+        lines += pipe_markdown(report["pipe_analysis"])
     if any("root" in r["modifiers"] for r in report["results"]):
         lines += [
             "",
@@ -761,8 +1133,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--batch-size",
-        default="124m=16,355m=16,774m=8,1.5b=8,tiny=2",
-        help="per GPU: N for all shapes or SHAPE=N,...",
+        default=None,
+        help="per GPU (pipe: the whole pipe's batch): N for all shapes or SHAPE=N,... "
+        f"(default {DEFAULT_BATCH}; --tiny: 2 unless given)",
     )
     parser.add_argument("--steps", default="10", help="timed steps: N or SHAPE=N,...")
     parser.add_argument("--warmup", default="3", help="untimed steps first: N or SHAPE=N,...")
@@ -815,6 +1188,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="forkserver: workers fork from a process that imported torch/transformers/tango "
         "once (falls back to spawn if the first run's workers never report)",
     )
+    parser.add_argument(
+        "--pipe-devices",
+        default="all",
+        help="the pipe configs' stage devices, comma list (e.g. cuda:0,cuda:1); 'all': every "
+        "visible GPU, or cpu,cpu without GPUs",
+    )
     parser.add_argument("--config-timeout", type=float, default=240.0, help="seconds per config")
     parser.add_argument(
         "--budget-s",
@@ -832,12 +1211,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     if args.tiny:
-        args.shapes, args.seq_len, args.batch_size = "tiny", 64, "2"
+        args.shapes, args.seq_len = "tiny", 64
+        args.batch_size = args.batch_size or "2"
         args.steps, args.warmup = "3", "1"
         args.plan = [p.replace(p.split(":")[0], "tiny", 1) for p in args.plan]
         shared = _bench.REPO_ROOT.parent / "shared" / "data" / "piqa"
         if not args.piqa.is_dir() and shared.is_dir():
             args.piqa = shared
+    args.batch_size = args.batch_size or DEFAULT_BATCH
     if args.data == "piqa" and not (args.piqa / "train.jsonl").is_file():
         raise SystemExit(f"--piqa {args.piqa} holds no train.jsonl (official PIQA files)")
     return args
@@ -867,6 +1248,7 @@ def main(argv: list[str] | None = None) -> int:
         train_examples = list(read_piqa(args.piqa)["train"])
     cuda = torch.cuda.is_available()
     gpus = torch.cuda.device_count() if cuda else 0
+    stage_devices = pipe_devices(args.pipe_devices, cuda, gpus)
     start_method = args.start_method
     if start_method == "forkserver":
         import multiprocessing
@@ -899,6 +1281,15 @@ def main(argv: list[str] | None = None) -> int:
             "mfu_formula": _bench.MFU_FORMULA,
             "peak_flops": _bench.PEAK_FLOPS,
             "root_only_patterns": ROOT_ONLY_PATTERNS,
+            "pipe_devices_resolved": stage_devices,
+            "pipe_description": "pipe-PRECISION[-cN][-ckpt-MODE][-bA_B]: PipeEngine in ONE "
+            "process (world size 1) over pipe_devices_resolved, balance automatic (parameter "
+            "count) or A_B blocks, chunks N (default 4), checkpoint MODE (default except_last); "
+            "batch_size = rows of the whole pipe's batch; tokens/s per GPU = whole-pipe "
+            "tokens/s / stages",
+            "pipe_efficiency": "pipe tokens/s / (stages x single-GPU tokens/s), single GPU = "
+            "DDP (bare model) at world size 1, same shape, batch and precision, in this run",
+            "pipe_bubble_formula": "(S - 1) / (M + S - 1), S stages, M micro-batches",
         },
         "results": [],
         "start_method_checked": False,
@@ -939,11 +1330,17 @@ def main(argv: list[str] | None = None) -> int:
                     "init_device": args.init_device,
                     "cuda": cuda,
                     "port": _bench.free_port(),
+                    "pipe": parsed[name].get("pipe"),
+                    "pipe_devices": stage_devices if parsed[name]["engine"] == "pipe" else None,
                 }
                 elapsed = time.perf_counter() - started
                 remaining = None if args.budget_s is None else args.budget_s - elapsed
                 label = f"world {world_size} {shape} {name}"
-                if cuda and world_size > gpus:
+                if spec["engine"] == "pipe" and world_size != 1:
+                    # One process drives every stage: a pipe is not data parallel here.
+                    row = summarize(spec, [], "pipe runs as one process: world size 1 only", 0.0)
+                    row["error"] = "skipped"
+                elif cuda and world_size > gpus:
                     row = summarize(spec, [], f"needs {world_size} GPUs, {gpus} visible", 0.0)
                     row["error"] = "skipped"
                 elif remaining is not None and remaining < 20:
@@ -979,6 +1376,7 @@ def main(argv: list[str] | None = None) -> int:
                     environment.update(row.pop("gpu_info"))
                 add_ratios(report["results"], args.baseline.split(","), args.compare_to or None)
                 report["target_checks"] = target_checks(report)
+                report["pipe_analysis"] = pipe_analysis(report)
                 report["total_wall_s"] = round(time.perf_counter() - started, 1)
                 _bench.write_json(args.out, report)
                 _bench.write_text(md_path, markdown(report))
@@ -1019,11 +1417,17 @@ def piqa_rank_batches(
 def one_line(row: dict[str, Any]) -> str:
     if "error" in row:
         return f"{row['error']} {row.get('message') or ''} ({row['wall_s']} s)"
-    memory = row.get("peak_allocated_gib")
+    memory = row.get("peak_allocated_gib_per_device") or row.get("peak_allocated_gib")
     padding = f" ({100 * row['padding_fraction']:.0f}% padding)" if row["data"] == "piqa" else ""
+    pipe = ""
+    if row["engine"] == "pipe":
+        pipe = (
+            f", pipe {row['tokens_per_s_total']:,.0f} tokens/s over "
+            f"{len(row.get('stage_devices') or [])} stages, balance {row.get('balance')}"
+        )
     return (
         f"{1000 * row['step_time_s_median']:.1f} ms/step, {row['tokens_per_s_per_gpu']:,.0f} "
-        f"tokens/s/GPU{padding}, MFU {100 * row['mfu']:.1f}%, peak {memory} GiB, "
+        f"tokens/s/GPU{padding}{pipe}, MFU {100 * row['mfu']:.1f}%, peak {memory} GiB, "
         f"loss {row['loss_first']:.3f}->{row['loss_last']:.3f} ({row['wall_s']} s)"
     )
 
