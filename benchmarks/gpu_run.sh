@@ -13,41 +13,9 @@
 set -u -o pipefail
 
 part=${1:-all}
-OUT=${OUT:?set OUT to the output folder}
-mkdir -p "$OUT"
-LOG="$OUT/log.txt"
-T0=$(date +%s)
-TOTAL=${BENCH_TOTAL_S:-530}  # everything ends by then (the call limit is 600 s)
-elapsed() { echo $(( $(date +%s) - T0 )); }
-PIQA=${PIQA_DIR:-.gpudata/piqa}
-TOK=${TOKENIZER_DIR:-.gpudata/gpt2-tokenizer}
-TINY=()
-[ "${BENCH_TINY:-0}" = 1 ] && TINY=(--tiny)
-
-for f in "$PIQA/train.jsonl" "$PIQA/valid-labels.lst" "$TOK/tokenizer.json"; do
-  [ -f "$f" ] || { echo "missing $f (carry .gpudata/ or set PIQA_DIR / TOKENIZER_DIR)"; exit 2; }
-done
-if [ "${BENCH_SKIP_INSTALL:-0}" != 1 ]; then
-  compgen -G ".whl/*.whl" >/dev/null || { echo "missing .whl/*.whl (gpu-wheels.sh .whl)"; exit 2; }
-  if ! python3 -m pip install -q --upgrade --no-index --no-deps --target /tmp/site .whl/*.whl \
-      >>"$LOG" 2>&1; then
-    echo "wheel install failed:"; tail -20 "$LOG"; exit 3
-  fi
-  export PYTHONPATH=/tmp/site:$PWD
-fi
-export TOKENIZERS_PARALLELISM=false FILE_FRIENDLY_LOGGING=true PYTHONUNBUFFERED=1
-export BENCH_COMMIT=${BENCH_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
-PY=${PYTHON:-python3}
-
-echo "== $(date -u +%FT%TZ) commit $BENCH_COMMIT, NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE-<unset>}"
-nvidia-smi -L 2>/dev/null || echo "(no nvidia-smi)"
-$PY - <<'EOF' 2>&1 | tee -a "$LOG"
-import torch, transformers, fairscale, tango.version
-print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available(),
-      "devices", torch.cuda.device_count(), "| transformers", transformers.__version__,
-      "| fairscale", fairscale.__version__, "| tango", tango.version.VERSION)
-EOF
-echo "== setup done after $(elapsed) s"
+DEFAULT_TOTAL_S=530  # everything ends by then (the call limit is 600 s)
+# shellcheck source=benchmarks/_gpu_setup.sh
+source benchmarks/_gpu_setup.sh
 
 if [ "$part" = all ] || [ "$part" = precision ]; then
   # 3 precisions x 300 steps, world size 1; no new precision starts after 170 s.
