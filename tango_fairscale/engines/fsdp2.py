@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import pickle
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -115,6 +116,7 @@ class FSDP2Engine(ShardedEngine):
             torch.save(trainer, checkpoint_dir / TRAINER_STATE)
 
     def load_checkpoint(self, checkpoint_dir: Path) -> dict[str, Any]:
+        check_checkpoint_metadata(checkpoint_dir / ".metadata")
         model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
         dcp.load({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=checkpoint_dir)
         set_state_dict(
@@ -143,6 +145,41 @@ class FSDP2Engine(ShardedEngine):
         raise ConfigurationError(
             "the fsdp2 engine consolidates through tango_fairscale::train, not torch::train"
         )
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles only what a ``torch.distributed.checkpoint`` metadata file holds."""
+
+    ALLOWED = {
+        ("torch", "Size"),
+        ("torch.serialization", "_get_layout"),
+        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+        ("pathlib", "PosixPath"),
+        ("pathlib", "PurePosixPath"),
+        ("collections", "OrderedDict"),
+    }
+
+    def find_class(self, module: str, name: str) -> Any:
+        value = super().find_class(module, name) if self._allowed(module, name) else None
+        if value is None:
+            raise pickle.UnpicklingError(
+                f"{module}.{name} is not part of a distributed checkpoint's metadata"
+            )
+        return value
+
+    def _allowed(self, module: str, name: str) -> bool:
+        if (module, name) in self.ALLOWED or module == "torch.distributed.checkpoint.metadata":
+            return True
+        # dtypes, layouts and memory formats are pickled as attributes of torch
+        kinds = (torch.dtype, torch.layout, torch.memory_format)
+        return module == "torch" and isinstance(getattr(torch, name, None), kinds)
+
+
+def check_checkpoint_metadata(path: Path) -> None:
+    """Refuse a metadata file that would run code when ``torch.distributed.checkpoint`` loads it
+    (torch reads it with plain ``pickle``): unpickle it first with an allow-list."""
+    with path.open("rb") as file:
+        _MetadataUnpickler(file).load()
 
 
 @contextlib.contextmanager

@@ -53,3 +53,32 @@ def test_compiled_units_match_ddp(ddp_reference, tmp_path, tiny_model_dir, piqa_
         sharding={"compile": True},
     )
     assert_same_training(ddp_reference, trained.training_log, trained.state_dict())
+
+
+class Payload:
+    """Unpickling this runs ``touch MARKER``."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_malicious_checkpoint_metadata_is_refused(tmp_path, tiny_model_dir, piqa_small) -> None:
+    """torch.distributed.checkpoint reads its metadata with plain pickle: the engine checks it
+    with an allow-list first, so a planted payload never runs."""
+    import pickle
+
+    from tango.common.exceptions import ConfigurationError
+
+    work = tmp_path / "run"
+    train_in(work, tiny_model_dir, piqa_small, "tango_fairscale::fsdp2", 1, 5)
+    metadata = work / "checkpoints" / "step0000005" / ".metadata"
+    marker = tmp_path / "payload-ran"
+    metadata.write_bytes(pickle.dumps(Payload(marker)))
+    with pytest.raises(ConfigurationError, match="is not part of a distributed checkpoint"):
+        train_in(work, tiny_model_dir, piqa_small, "tango_fairscale::fsdp2", 1, 10)
+    assert not marker.exists()
