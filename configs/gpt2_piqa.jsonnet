@@ -20,16 +20,31 @@
 // (validation split: acc, acc_norm, their standard errors, num_examples).
 local engines = import 'lib/engines.libsonnet';
 
-local int(name) = std.parseInt(std.extVar(name));
+// `-D name=value` values arrive as strings: check them here so that a bad one is named.
+local onlyChars(text, allowed) =
+  std.length(text) > 0 && std.all([std.member(allowed, c) for c in std.stringChars(text)]);
+local int(name) =
+  local text = std.extVar(name);
+  local unsigned = if std.startsWith(text, '-') then std.substr(text, 1, std.length(text))
+                   else text;
+  if onlyChars(unsigned, '0123456789') then std.parseInt(text)
+  else error '-D %s must be an integer, got "%s"' % [name, text];
+local number(name) =
+  local text = std.extVar(name);
+  if onlyChars(text, '0123456789.eE+-') && onlyChars(text[std.length(text) - 1], '0123456789')
+  then std.parseJson(text)
+  else error '-D %s must be a number, got "%s"' % [name, text];
 local model_path = std.extVar('model');
 local data_dir = std.extVar('data_dir');
 local train_steps = int('train_steps');
 local limit = int('limit');
+local lr = number('lr');
 
 local model = { type: 'tango_fairscale::causal_lm', model: model_path };
 local ref(name) = { type: 'ref', ref: name };
 
 assert train_steps >= 0 : 'train_steps must be 0 (evaluate only) or positive, got %d' % train_steps;
+assert lr > 0 : 'lr must be positive, got %s' % std.extVar('lr');
 assert limit >= 0 : 'limit must be 0 (all examples) or positive, got %d' % limit;
 assert !(std.extVar('engine') == 'pipe' && int('device_count') > 1) :
        "engine 'pipe' drives all its devices from one process: set -D device_count=1";
@@ -45,7 +60,7 @@ assert !(std.extVar('engine') == 'pipe' && int('device_count') > 1) :
       type: 'tango_fairscale::train',
       model: model,
       engine: engines.engine(std.extVar('engine'), std.extVar('precision'),
-                             std.parseJson(std.extVar('lr'))),
+                             lr),
       dataset_dict: ref('piqa'),
       train_steps: train_steps,
       batch_size: int('batch_size'),

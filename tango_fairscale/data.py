@@ -9,7 +9,14 @@ The release (https://yonatanbisk.com/piqa/data/) has five files, listed in :data
 ``validation`` and ``test``, each a list of ``{"goal", "sol1", "sol2", "label"}`` dicts (``label``
 is -1 for the test split). Strings are kept exactly as in the files (some have trailing or double
 spaces; lm-eval scores the raw strings). Malformed files raise :class:`PiqaFormatError` with a
-one-line message naming the file and, where it applies, the 1-based line number.
+one-line message naming the file and, where it applies, the 1-based line number: bytes that are not
+UTF-8, JSON that is malformed or not an object, a missing or non-string field, a string holding an
+unpaired surrogate escape (``"\\ud800"``: valid JSON, but no tokenizer can encode it), a label
+other than ``0``/``1``, a blank line before the end, a ``.jsonl`` file with no examples, labels
+not aligned with the examples, and any line longer than :data:`MAX_LINE_BYTES` (100 kB; the
+longest official line is 4,467 bytes): a 10 MB line is refused at once rather than tokenized for
+seconds and then cut to the model's context. Texts longer than the model's context are accepted
+and left-truncated when tokenized, as lm-eval does (:mod:`tango_fairscale.batching`).
 """
 
 import hashlib
@@ -56,6 +63,9 @@ PIQA_SHA256: dict[str, str] = {
 
 DOWNLOAD_TIMEOUT_S = 10.0
 """Socket timeout for each download, so an offline machine fails fast."""
+
+MAX_LINE_BYTES = 100_000
+"""Longest line accepted in a PIQA file (the official files' longest is 4,467 bytes)."""
 
 TEXT_KEYS = ("goal", "sol1", "sol2")
 TEST_LABEL = -1
@@ -123,6 +133,10 @@ def check_files_present(data_dir: Path) -> None:
 def read_split(examples_path: Path, labels_path: Path | None) -> list[PiqaExample]:
     """One split: examples joined line by line with their labels (-1 when there is no file)."""
     examples = read_examples(examples_path)
+    if not examples:
+        raise PiqaFormatError(
+            f"{examples_path} holds no examples; it must hold one JSON object per line"
+        )
     if labels_path is None:
         return [make_example(fields, TEST_LABEL) for fields in examples]
     labels = read_labels(labels_path)
@@ -157,7 +171,12 @@ def read_lines(path: Path) -> list[tuple[int, str]]:
 
 
 def decode_line(raw: bytes, path: Path, number: int) -> str:
-    """Decode one line as UTF-8, rejecting undecodable bytes and blank lines."""
+    """Decode one line as UTF-8, rejecting overlong lines, undecodable bytes and blank lines."""
+    if len(raw) > MAX_LINE_BYTES:
+        raise PiqaFormatError(
+            f"{path}:{number}: line is {len(raw):,} bytes, longer than the {MAX_LINE_BYTES:,} "
+            "accepted (official PIQA lines are under 5,000); is this a PIQA file?"
+        )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -188,6 +207,13 @@ def parse_example(text: str, path: Path, number: int) -> dict[str, str]:
                 f"{path}:{number}: value of {key!r} must be a string, got "
                 f"{type(obj[key]).__name__} {short_repr(obj[key])}"
             )
+        try:
+            obj[key].encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise PiqaFormatError(
+                f"{path}:{number}: value of {key!r} holds an unpaired surrogate escape "
+                f"(\\u{ord(obj[key][err.start]):04x}), which is not text; remove it"
+            ) from None
     return {key: obj[key] for key in TEXT_KEYS}
 
 

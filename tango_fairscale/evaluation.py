@@ -104,7 +104,10 @@ def metrics_from_predictions(predictions: Sequence[Mapping[str, Any]]) -> dict[s
     """``acc``, ``acc_norm``, their standard errors (lm-eval's mean_stderr), ``num_examples``."""
     labelled = [p for p in predictions if p["label"] in (0, 1)]
     if not labelled:
-        raise ValueError("no labelled predictions to compute metrics from")
+        raise ValueError(
+            "no labelled predictions to compute metrics from (PIQA's test split is unlabelled); "
+            "score the 'validation' split"
+        )
     hits, hits_norm = correct_counts(labelled)
     n = len(labelled)
     return {
@@ -208,6 +211,8 @@ class PiqaPredictionsStep(Step[list]):
                 f"split {split!r} is not in the dataset; choose one of "
                 f"{sorted(dataset_dict.keys())}"
             )
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int):
+            raise ConfigurationError(f"batch_size must be an integer, got {batch_size!r}")
         if batch_size < 1:
             raise ConfigurationError(f"batch_size must be at least 1, got {batch_size}")
         examples = list(dataset_dict[split])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 from pathlib import Path
@@ -13,6 +14,7 @@ from tango.common.exceptions import ConfigurationError
 from tango.integrations.torch import Model
 from torch.utils.checkpoint import checkpoint
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from .batching import IGNORE_INDEX
 
@@ -58,6 +60,15 @@ class ModelWrapper(Model):
         seed: int = 0,
     ) -> None:
         super().__init__()
+        for name, value in (("model", model), ("tokenizer", tokenizer)):
+            if value is not None and not isinstance(value, str):
+                raise ConfigurationError(
+                    f"'{name}' must be a hub id or directory (a string), got {value!r}"
+                )
+        if config is not None and not isinstance(config, dict):
+            raise ConfigurationError(
+                f"'config' must be an object of Hugging Face config fields, got {config!r}"
+            )
         if model is None and config is None:
             raise ConfigurationError("give the model a hub id or directory ('model') or a 'config'")
         tokenizer_source = tokenizer or model
@@ -157,9 +168,17 @@ def _build_model(model: str | None, config: dict[str, Any] | None, seed: int) ->
         model_type = config.pop("model_type", None)
         if model_type is None:
             raise ConfigurationError("'config' needs 'model_type' (e.g. \"gpt2\") without 'model'")
+        if model_type not in CONFIG_MAPPING:
+            close = difflib.get_close_matches(str(model_type), list(CONFIG_MAPPING.keys()), n=3)
+            hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+            raise ConfigurationError(f"unknown config.model_type {model_type!r}{hint}")
         hf_config = AutoConfig.for_model(model_type, **config)
     torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(hf_config)
+    try:
+        return AutoModelForCausalLM.from_config(hf_config)
+    except (ValueError, TypeError) as error:  # e.g. n_embd not divisible by n_head
+        reason = " ".join(str(error).split())[:300]
+        raise ConfigurationError(f"cannot build a model from 'config': {reason}") from None
 
 
 def _load_tokenizer(source: str) -> Any:

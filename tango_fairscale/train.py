@@ -139,9 +139,9 @@ class TrainStep(Step[ModelWrapper]):
             ("device_count", device_count),
             ("log_every", log_every),
             ("eval_batch_size", eval_batch_size),
-            ("validate_every", validate_every or 1),
+            ("validate_every", 1 if validate_every is None else validate_every),
         ):
-            if not isinstance(value, int) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigurationError(f"{name} must be a positive integer, got {value!r}")
         for split in (train_split, validation_split):
             if split is not None and split not in dataset_dict:
@@ -149,6 +149,11 @@ class TrainStep(Step[ModelWrapper]):
                     f"split {split!r} is not in the dataset; choose one of "
                     f"{sorted(dataset_dict.keys())}"
                 )
+        if validation_split is not None and len(dataset_dict[validation_split]) == 0:
+            raise ConfigurationError(
+                f"validation split {validation_split!r} holds no examples; give it examples or "
+                "set validation_split to null"
+            )
         if preemption_signal not in PREEMPTION_SIGNALS:
             raise ConfigurationError(
                 f"preemption_signal must be one of {', '.join(PREEMPTION_SIGNALS)}, "

@@ -12,9 +12,10 @@ import difflib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
-from tango.common import FromParams
+from tango.common import FromParams, Params
 from tango.common.exceptions import ConfigurationError
 
 
@@ -42,6 +43,13 @@ class ShardingConfig(FromParams):
     compile: bool = False
 
     def __post_init__(self) -> None:
+        for name in ("reshard_after_forward", "flatten_parameters", "cpu_offload", "compile"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigurationError(
+                    f"sharding.{name} must be true or false, got {getattr(self, name)!r}"
+                )
+        if self.modules_to_wrap is not None and not isinstance(self.modules_to_wrap, list):
+            raise ConfigurationError(_not_a_list("modules_to_wrap", self.modules_to_wrap))
         patterns = list(self.modules_to_wrap or [])
         if isinstance(self.activation_checkpointing, list):
             patterns += self.activation_checkpointing
@@ -52,6 +60,21 @@ class ShardingConfig(FromParams):
             )
         for pattern in patterns:
             compile_pattern(pattern)
+
+    @classmethod
+    def from_params(  # type: ignore[override]
+        cls, params_: Any, *args: Any, **kwargs: Any
+    ) -> ShardingConfig:
+        # Tango would turn a string given for a list into the list of its characters.
+        fields = params_.as_dict(quiet=True) if isinstance(params_, Params) else params_
+        for name in ("modules_to_wrap", "activation_checkpointing"):
+            if isinstance(fields, dict) and isinstance(fields.get(name), str):
+                raise ConfigurationError(_not_a_list(name, fields[name]))
+        return super().from_params(params_, *args, **kwargs)
+
+
+def _not_a_list(name: str, value: object) -> str:
+    return f"sharding.{name} must be a list of regexes, got {value!r}; write [{value!r}]"
 
 
 def compile_pattern(pattern: str) -> re.Pattern:

@@ -116,8 +116,14 @@ class Engine(TrainingEngine):
         precision: str = "auto",
         max_grad_norm: float | None = None,
     ) -> None:
-        if max_grad_norm is not None and max_grad_norm <= 0:
-            raise ConfigurationError(f"max_grad_norm must be positive or null, got {max_grad_norm}")
+        if max_grad_norm is not None and (
+            isinstance(max_grad_norm, bool)
+            or not isinstance(max_grad_norm, (int, float))
+            or not max_grad_norm > 0
+        ):
+            raise ConfigurationError(
+                f"max_grad_norm must be a positive number or null, got {max_grad_norm!r}"
+            )
         self.device = train_config.worker_local_default_device
         self.precision = resolve_precision(precision, self.device)
         self.max_grad_norm = max_grad_norm
@@ -289,6 +295,9 @@ class Engine(TrainingEngine):
         torch.save(state["model"], weights_path)
 
 
+DEFAULT_SHARDING = ShardingConfig()
+
+
 class ShardedEngine(Engine):
     """Base of the sharded engines (``fairscale``, ``fsdp2``): adds their shared ``sharding`` field.
 
@@ -306,9 +315,11 @@ class ShardedEngine(Engine):
         lr_scheduler: Lazy[LRScheduler] | None = None,
         precision: str = "auto",
         max_grad_norm: float | None = None,
-        sharding: ShardingConfig | None = None,
+        # Not ``ShardingConfig | None``: Tango would replace an error inside the block by
+        # "Failed to construct argument sharding" (it tries each member of a union).
+        sharding: ShardingConfig = DEFAULT_SHARDING,
     ) -> None:
-        self.sharding = sharding or ShardingConfig()
+        self.sharding = sharding or DEFAULT_SHARDING
         super().__init__(
             train_config,
             model,
