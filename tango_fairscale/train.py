@@ -492,7 +492,13 @@ def _save_checkpoint(engine: Engine, plan: TrainPlan, step: int) -> None:
     name = f"step{step:07d}"
     partial = plan.checkpoints / f".partial-{name}"
     client_state = {"step": step, "rng": torch.get_rng_state()}
-    engine.save_checkpoint(partial, client_state)
+    try:
+        engine.save_checkpoint(partial, client_state)
+    except OSError as error:  # a full disk, a lost mount: the previous checkpoint is untouched
+        raise TrainingStopped(
+            f"writing checkpoint {name} failed ({error}); {_resume_hint(plan)} once it can be "
+            "written"
+        ) from None
     _barrier()
     if plan.config.is_local_main_process:
         final = plan.checkpoints / name

@@ -235,3 +235,35 @@ def test_a_damaged_checkpoint_is_refused_in_one_line(
     assert "\n" not in message
     assert f"checkpoint {state_file.parent} cannot be loaded" in message
     assert not marker.exists()  # the payload never ran
+
+
+def test_a_full_disk_keeps_the_previous_checkpoint(
+    tmp_path, tiny_model_dir, piqa_small, monkeypatch
+) -> None:
+    import errno
+
+    from conftest import train_in
+
+    from tango_fairscale.train import TrainingStopped
+
+    save = torch.save
+
+    def save_until_the_disk_is_full(obj, path, *args, **kwargs):
+        if "step0000010" in str(path):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return save(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save_until_the_disk_is_full)
+    with pytest.raises(TrainingStopped) as error:
+        train_in(tmp_path, tiny_model_dir, piqa_small, "tango_fairscale::ddp", 1, 20)
+    message = str(error.value)
+    assert "writing checkpoint step0000010 failed" in message and "No space left" in message
+    assert "resume from checkpoint step0000005" in message and "\n" not in message
+    assert (tmp_path / "checkpoints" / "latest").read_text() == "step0000005"
+
+    monkeypatch.setattr(torch, "save", save)  # space again: the rerun resumes at step 5
+    train_in(tmp_path, tiny_model_dir, piqa_small, "tango_fairscale::ddp", 1, 20)
+    raw = (tmp_path / "training_log.jsonl").read_text().splitlines()
+    steps = [r["step"] for r in map(json.loads, raw) if "train_loss" in r]
+    assert steps.count(5) == 1 and steps.count(6) == 2 and steps[-1] == 20
+    assert not list((tmp_path / "checkpoints").glob(".partial-*"))
