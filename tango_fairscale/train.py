@@ -18,6 +18,7 @@ import signal
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ from tango.integrations.torch import Model, TrainConfig, TrainingEngine
 from tango.step import StepResources
 
 from .batching import BatchSchedule, training_batch, training_queries
-from .engines.base import Engine, free_port
+from .engines.base import Engine, free_port, init_process_group
 from .evaluation import validate_all_ranks
 from .format import TRAINING_LOG, ModelFormat
 from .model import ModelWrapper
@@ -55,6 +56,7 @@ class TrainPlan:
     batch_size: int
     eval_batch_size: int
     preemption_signal: signal.Signals = signal.SIGTERM
+    collective_timeout_s: float = 600.0
 
     @property
     def checkpoints(self) -> Path:
@@ -81,6 +83,8 @@ class TrainStep(Step[ModelWrapper]):
     :param preemption_signal: on this signal (``SIGTERM``, ``SIGUSR1``, ...) every rank finishes
         its step, a checkpoint is written and the step fails with :class:`TrainingStopped`;
         rerunning the same command resumes.
+    :param collective_timeout_s: a rank that hangs (without dying) makes the others fail after
+        this many seconds in a collective, instead of waiting forever.
 
     Returns the trained model; its ``training_log`` holds the logged loss and accuracy by step.
     ``log_every``, ``eval_batch_size``, ``distributed_port`` and ``device_count`` are not part of
@@ -105,6 +109,7 @@ class TrainStep(Step[ModelWrapper]):
         "distributed_port",
         "device_count",
         "preemption_signal",
+        "collective_timeout_s",
     }
 
     @property
@@ -130,6 +135,7 @@ class TrainStep(Step[ModelWrapper]):
         eval_batch_size: int = 32,
         distributed_port: int | None = None,
         preemption_signal: str = "SIGTERM",
+        collective_timeout_s: int = 600,
     ) -> ModelWrapper:
         for name, value in (
             ("train_steps", train_steps),
@@ -140,6 +146,7 @@ class TrainStep(Step[ModelWrapper]):
             ("log_every", log_every),
             ("eval_batch_size", eval_batch_size),
             ("validate_every", 1 if validate_every is None else validate_every),
+            ("collective_timeout_s", collective_timeout_s),
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigurationError(f"{name} must be a positive integer, got {value!r}")
@@ -188,6 +195,7 @@ class TrainStep(Step[ModelWrapper]):
                 batch_size,
                 eval_batch_size,
                 signal.Signals[preemption_signal],
+                collective_timeout_s,
             )
         )
 
@@ -239,7 +247,7 @@ def run_training(plan: TrainPlan) -> None:
 
     previous = signal.signal(plan.preemption_signal, forward_signal)
     try:
-        while not context.join():
+        while not context.join(grace_period=5):
             pass
     except mp.ProcessExitedException as error:
         raise TrainingStopped(
@@ -267,6 +275,8 @@ def _worker(rank: int, plan: TrainPlan) -> None:
         # Under `tango run`: send this worker's log records to the main process.
         initialize_worker_logging(rank)
     torch.manual_seed(config.seed)
+    # Joined here, before the engine, so that every collective is bounded by the timeout.
+    init_process_group(config, timeout=timedelta(seconds=plan.collective_timeout_s))
     engine = plan.engine.construct(train_config=config, model=plan.model)
     if not isinstance(engine, Engine):
         raise ConfigurationError(

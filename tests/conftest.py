@@ -89,6 +89,7 @@ def train_tiny(
     engine: str = "tango_fairscale::ddp",
     device_count: int = 1,
     train_steps: int = 20,
+    step_options: dict | None = None,
     **engine_params,
 ):
     """Run the real training step (spawning ``device_count`` processes) and return its model."""
@@ -108,6 +109,7 @@ def train_tiny(
         validate_every=10,
         checkpoint_every=5,
         log_every=1,
+        **(step_options or {}),
     )
     return step.result(LocalWorkspace(workspace))
 

@@ -21,17 +21,20 @@ from pathlib import Path
 from conftest import train_tiny
 from tango_fairscale.data import read_piqa
 train_tiny(Path({workspace!r}), Path({model!r}), read_piqa(Path({piqa!r}), limit=64),
-           "tango_fairscale::fairscale", 2, train_steps={steps})
+           "tango_fairscale::fairscale", 2, train_steps={steps}, step_options={options!r})
 """
 
 
-def train_command(workspace: Path, model: Path, piqa: Path, steps: int) -> list[str]:
+def train_command(
+    workspace: Path, model: Path, piqa: Path, steps: int, **step_options: object
+) -> list[str]:
     code = TRAIN.format(
         tests=str(Path(__file__).parent),
         workspace=str(workspace),
         model=str(model),
         piqa=str(piqa),
         steps=steps,
+        options=step_options,
     )
     return [sys.executable, "-c", code]
 
@@ -134,6 +137,27 @@ def test_a_dead_rank_stops_the_others_with_its_name(
     assert "died (SIGKILL); the others were stopped" in stderr
     assert not any(Path(f"/proc/{pid}").exists() for pid in workers)  # nothing left behind
     assert_resumes_to_the_reference(command, tmp_path, uninterrupted)
+
+
+def test_a_hung_rank_makes_the_others_fail_within_the_timeout(
+    tmp_path, tiny_model_dir, piqa_dir
+) -> None:
+    command = train_command(tmp_path, tiny_model_dir, piqa_dir, STEPS, collective_timeout_s=5)
+    job = start_and_wait_for_a_checkpoint(command, tmp_path)
+    workers = workers_of(job.pid)
+    assert len(workers) == 2
+    os.kill(workers[1], signal.SIGSTOP)  # alive but stuck: no exit for the launcher to see
+    started = time.monotonic()
+    try:
+        _, stderr = job.communicate(timeout=90)
+    finally:
+        for pid in workers:  # never leave a stopped process behind, even when the test fails
+            if Path(f"/proc/{pid}").exists():
+                os.kill(pid, signal.SIGKILL)
+    assert time.monotonic() - started < 60
+    assert job.returncode != 0
+    assert "training process 0 failed" in stderr and "Timed out" in stderr
+    assert not any(Path(f"/proc/{pid}").exists() for pid in workers)
 
 
 def test_a_non_finite_loss_stops_training_and_keeps_the_last_checkpoint(

@@ -11,6 +11,7 @@ import contextlib
 import logging
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, cast
 
@@ -67,10 +68,13 @@ def resolve_precision(name: str, device: torch.device) -> Precision:
     }[name]
 
 
-def init_process_group(train_config: TrainConfig, always: bool = False) -> None:
+def init_process_group(
+    train_config: TrainConfig, always: bool = False, timeout: timedelta | None = None
+) -> None:
     """Join the job's process group (gloo on CPU, NCCL on GPUs) unless single-process.
 
-    ``always`` creates a one-process group too (FSDP needs one even alone).
+    ``always`` creates a one-process group too (FSDP needs one even alone); ``timeout`` bounds
+    every collective (a rank that hangs makes the others fail instead of waiting forever).
     """
     if dist.is_initialized() or not (train_config.is_distributed or always):
         return
@@ -83,6 +87,7 @@ def init_process_group(train_config: TrainConfig, always: bool = False) -> None:
         init_method=f"tcp://{train_config.distributed_address}:{port}",
         world_size=train_config.world_size,
         rank=train_config.worker_id,
+        timeout=timeout,
     )
 
 

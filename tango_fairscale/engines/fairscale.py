@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from fairscale.internal.parallel import ProcessGroupName
 from fairscale.nn.checkpoint import checkpoint_wrapper
 from fairscale.nn.data_parallel import FullyShardedDataParallel as FSDP
 from fairscale.optim.grad_scaler import ShardedGradScaler
@@ -73,6 +74,9 @@ class FairScaleEngine(ShardedEngine):
         offload = self.sharding.cpu_offload
         return FSDP(
             module if offload else module.to(self.device),
+            # The job's own group (FairScale would make new ones, without its timeout).
+            process_group=dist.group.WORLD,
+            process_group_reduce_scatter=ProcessGroupName.default,
             reshard_after_forward=self.sharding.reshard_after_forward,
             flatten_parameters=self.sharding.flatten_parameters,
             mixed_precision=mixed,
