@@ -15,8 +15,7 @@ and ``labels`` (the token id on continuation tokens, ``-100`` on context and pad
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -200,11 +199,3 @@ class BatchSchedule:
         size = per_rank // self.grad_accum
         return [mine[start : start + size] for start in range(0, per_rank, size)]
 
-
-def shard(items: Sequence[Any], rank: int, world_size: int) -> Iterator[Any]:
-    """Every ``world_size``-th item starting at ``rank`` (balanced to within one item)."""
-    return iter(items[rank::world_size])
-
-
-def num_batches(num_items: int, batch_size: int) -> int:
-    return math.ceil(num_items / batch_size)
