@@ -198,4 +198,3 @@ class BatchSchedule:
         mine = self.global_batch(step)[self.rank * per_rank : (self.rank + 1) * per_rank]
         size = per_rank // self.grad_accum
         return [mine[start : start + size] for start in range(0, per_rank, size)]
-

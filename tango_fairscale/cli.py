@@ -3,10 +3,16 @@
 ::
 
     tango-fairscale results -w WORKSPACE [--run NAME ...] [--plot FILE.png] [--json]
+    tango-fairscale run [--rendezvous-timeout SECONDS] CONFIG [tango run options]
+    python -m tango_fairscale run ...          (the same; the form torchrun starts with -m)
 
 ``results`` prints one row per run of the workspace (or of the named runs): model, engine,
 precision, devices, train steps and the PIQA validation metrics; ``--json`` prints the same as a
 JSON list; ``--plot`` also draws the training loss and validation accuracy curves into a file.
+``run`` is ``tango run`` for every process of a job started by ``torchrun`` (or SLURM): rank 0
+runs the Tango steps and the other ranks join its training steps (:mod:`tango_fairscale.launcher`).
+Without launcher variables it is plain ``tango run``. Its exit code is ``tango run``'s.
+
 Problems (no workspace, no runs, an unknown run, nothing to plot) are reported in one line on
 stderr with exit code 2.
 """
@@ -51,22 +57,67 @@ def build_parser() -> argparse.ArgumentParser:
         help="write training loss and validation accuracy curves here",
     )
     results.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    run = commands.add_parser(
+        "run",
+        help="'tango run' on every process of a torchrun / SLURM job",
+        description="Run a Tango experiment on every process of a launched job: rank 0 runs "
+        "'tango run CONFIG ...'; the other ranks join its tango_fairscale::train steps.",
+    )
+    run.add_argument(
+        "--rendezvous-timeout",
+        type=_positive_seconds,
+        default=600,
+        metavar="SECONDS",
+        help="how long the processes wait for each other to start and to answer (default 600)",
+    )
+    run.add_argument(
+        "config", metavar="CONFIG", help="the experiment, e.g. configs/gpt2_piqa.jsonnet"
+    )
+    run.add_argument(
+        "tango_args",
+        nargs=argparse.REMAINDER,
+        metavar="...",
+        help="'tango run' options: -w WORKSPACE, -D name=value, ...",
+    )
     return parser
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return seconds
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (0, or 2 for a problem reported on stderr)."""
     args = build_parser().parse_args(argv)
+    from .launcher import LaunchError
     from .results import ResultsError
 
     try:
         if args.command == "results":
             return _results(args)
-    except (ResultsError, OSError) as error:
+        if args.command == "run":
+            return _run(args)
+    except (ResultsError, LaunchError, OSError) as error:
         message = " ".join(str(error).split()) or type(error).__name__
         print(f"{PROG}: error: {message}", file=sys.stderr)
         return 2
     raise AssertionError(f"unhandled command {args.command!r}")
+
+
+def _run(args: argparse.Namespace) -> int:
+    from datetime import timedelta
+
+    from . import launcher
+    from .train import join_training
+
+    timeout = timedelta(seconds=args.rendezvous_timeout)
+    return launcher.run([args.config, *args.tango_args], join_training, timeout)
 
 
 def _results(args: argparse.Namespace) -> int:

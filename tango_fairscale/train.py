@@ -33,6 +33,7 @@ from tango.common.logging import initialize_worker_logging
 from tango.integrations.torch import Model, TrainConfig, TrainingEngine
 from tango.step import StepResources
 
+from . import launcher
 from .batching import BatchSchedule, training_batch, training_queries
 from .engines.base import Engine, free_port, init_process_group
 from .evaluation import validate_all_ranks
@@ -208,7 +209,28 @@ class TrainStep(Step[ModelWrapper]):
 
 
 def _devices(device_count: int) -> list[int]:
-    """GPU indices when enough GPUs are visible, else ``-1`` (CPU) for every process."""
+    """Each process's GPU index, or ``-1`` (CPU) for every process when there is no GPU.
+
+    Under a launcher (``python -m tango_fairscale run``), the launcher's world size must be
+    ``device_count`` and the list holds this process's own device (each process reads only its
+    entry).
+    """
+    launch = launcher.current()
+    if launch is not None:
+        world_size = launch.environment.world_size
+        if device_count != world_size:
+            raise ConfigurationError(
+                f"device_count {device_count} disagrees with the launcher's {world_size} "
+                f"processes (WORLD_SIZE); set -D device_count={world_size}"
+            )
+        return [launch.environment.local_device()] * device_count
+    environment = launcher.LaunchEnvironment.from_environ()
+    if environment is not None and environment.world_size > 1:
+        raise ConfigurationError(
+            f"this process is one of {environment.world_size} started by a launcher "
+            "(WORLD_SIZE is set): start them with 'python -m tango_fairscale run ...' instead "
+            "of 'tango run ...'"
+        )
     if torch.cuda.is_available():
         visible = torch.cuda.device_count()
         if device_count > visible:
@@ -231,13 +253,22 @@ def run_training(plan: TrainPlan) -> None:
     and a worker that dies or fails stops the others at once (one-line error naming it).
     """
     plan.config.work_dir.mkdir(parents=True, exist_ok=True)
+    launch = launcher.current()
+    if launch is not None:  # the launcher started every process: this is rank 0
+        job = launch.publish(plan.config.work_dir, plan)
+        _worker(launch.rank, plan, launch.job_store(job))
+        return
     if plan.config.world_size == 1:
         _worker(0, plan)
         return
     import torch.multiprocessing as mp
 
     context = mp.start_processes(
-        _worker, args=(plan,), nprocs=plan.config.world_size, join=False, start_method="spawn"
+        _spawned_worker,
+        args=(plan,),
+        nprocs=plan.config.world_size,
+        join=False,
+        start_method="spawn",
     )
 
     def forward_signal(signum: int, frame: Any) -> None:
@@ -267,16 +298,30 @@ def _resume_hint(plan: TrainPlan) -> str:
     return f"rerun the same command to resume from {where}"
 
 
-def _worker(rank: int, plan: TrainPlan) -> None:
-    """One training process: build the engine, resume, train, validate, checkpoint, consolidate."""
-    config = plan.config
-    config.worker_id = rank
-    if config.is_distributed and os.environ.get(EnvVarNames.LOGGING_PORT.value):
+def join_training(launch: launcher.Launch, job: int, plan: TrainPlan) -> None:
+    """A launched rank other than 0: train ``plan`` (published by rank 0) on this node's device."""
+    plan.config.devices = [launch.environment.local_device()] * plan.config.world_size
+    _worker(launch.rank, plan, launch.job_store(job))
+
+
+def _spawned_worker(rank: int, plan: TrainPlan) -> None:
+    if os.environ.get(EnvVarNames.LOGGING_PORT.value):
         # Under `tango run`: send this worker's log records to the main process.
         initialize_worker_logging(rank)
+    _worker(rank, plan)
+
+
+def _worker(rank: int, plan: TrainPlan, store: dist.Store | None = None) -> None:
+    """One training process: build the engine, resume, train, validate, checkpoint, consolidate.
+
+    ``store``: where the process group meets (a launcher's); by default the train config's
+    address and port.
+    """
+    config = plan.config
+    config.worker_id = rank
     torch.manual_seed(config.seed)
     # Joined here, before the engine, so that every collective is bounded by the timeout.
-    init_process_group(config, timeout=timedelta(seconds=plan.collective_timeout_s))
+    init_process_group(config, timeout=timedelta(seconds=plan.collective_timeout_s), store=store)
     engine = plan.engine.construct(train_config=config, model=plan.model)
     if not isinstance(engine, Engine):
         raise ConfigurationError(

@@ -33,6 +33,9 @@ class ShardingConfig(FromParams):
     :param flatten_parameters: one flat parameter per unit (FairScale only; FSDP2 never flattens).
     :param cpu_offload: keep the sharded parameters and gradients in CPU memory.
     :param compile: ``torch.compile`` each unit (FSDP2 only), after checkpointing, before sharding.
+    :param hybrid_shard: shard within each node and replicate across nodes (FSDP2 only): the
+        all-gathers stay on the fast links inside a node; only gradients cross nodes. Nodes are
+        the launcher's (``LOCAL_WORLD_SIZE`` processes each); one node shards over every process.
     """
 
     modules_to_wrap: list[str] | None = None
@@ -41,9 +44,17 @@ class ShardingConfig(FromParams):
     flatten_parameters: bool = True
     cpu_offload: bool = False
     compile: bool = False
+    hybrid_shard: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("reshard_after_forward", "flatten_parameters", "cpu_offload", "compile"):
+        flags = (
+            "reshard_after_forward",
+            "flatten_parameters",
+            "cpu_offload",
+            "compile",
+            "hybrid_shard",
+        )
+        for name in flags:
             if not isinstance(getattr(self, name), bool):
                 raise ConfigurationError(
                     f"sharding.{name} must be true or false, got {getattr(self, name)!r}"

@@ -114,3 +114,12 @@ def test_console_script_exit_code(piqa_workspace: Path) -> None:
     assert done.stdout == ""
     assert done.stderr.startswith("tango-fairscale: error: no run named 'nope'")
     assert done.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("seconds", ["0", "-5", "soon"])
+def test_run_refuses_a_bad_rendezvous_timeout(seconds: str, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", "--rendezvous-timeout", seconds, "configs/gpt2_piqa.jsonnet"])
+    assert exit_.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"must be a positive number of seconds, got {seconds!r}" in error

@@ -69,24 +69,35 @@ def resolve_precision(name: str, device: torch.device) -> Precision:
 
 
 def init_process_group(
-    train_config: TrainConfig, always: bool = False, timeout: timedelta | None = None
+    train_config: TrainConfig,
+    always: bool = False,
+    timeout: timedelta | None = None,
+    store: dist.Store | None = None,
 ) -> None:
     """Join the job's process group (gloo on CPU, NCCL on GPUs) unless single-process.
 
     ``always`` creates a one-process group too (FSDP needs one even alone); ``timeout`` bounds
-    every collective (a rank that hangs makes the others fail instead of waiting forever).
+    every collective (a rank that hangs makes the others fail instead of waiting forever);
+    ``store`` is where the processes meet (a launcher's), instead of the config's address.
     """
     if dist.is_initialized() or not (train_config.is_distributed or always):
         return
     device = train_config.worker_local_default_device
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    rank, world_size = train_config.worker_id, train_config.world_size
+    if store is not None:
+        dist.init_process_group(
+            backend, store=store, world_size=world_size, rank=rank, timeout=timeout
+        )
+        return
     port = train_config.distributed_port if train_config.is_distributed else free_port()
     dist.init_process_group(
-        backend="nccl" if device.type == "cuda" else "gloo",
+        backend,
         init_method=f"tcp://{train_config.distributed_address}:{port}",
-        world_size=train_config.world_size,
-        rank=train_config.worker_id,
+        world_size=world_size,
+        rank=rank,
         timeout=timeout,
     )
 

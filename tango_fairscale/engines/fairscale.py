@@ -46,10 +46,11 @@ class FairScaleEngine(ShardedEngine):
                 "the fairscale engine keeps fp32 master weights; use 'bf16-mixed' instead of "
                 "'bf16-true' (or engine 'ddp' / 'fsdp2' for pure bf16)"
             )
-        if self.sharding.compile:
-            raise ConfigurationError(
-                "sharding.compile is supported by the fsdp2 engine only; remove it or use fsdp2"
-            )
+        for name in ("compile", "hybrid_shard"):
+            if getattr(self.sharding, name):
+                raise ConfigurationError(
+                    f"sharding.{name} is supported by the fsdp2 engine only; remove it or use fsdp2"
+                )
 
     def _wrap_model(self, model: ModelWrapper) -> Model:
         compat.patch_fairscale_for_cpu()

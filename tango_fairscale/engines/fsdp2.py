@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import pickle
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,11 +20,15 @@ from torch.distributed.checkpoint.state_dict import (
     get_state_dict,
     set_state_dict,
 )
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 
+from ..launcher import devices_per_node
 from ..model import ModelWrapper
 from ..wrapping import replace_module, selected_units
 from .base import ShardedEngine
+
+logger = logging.getLogger(__name__)
 
 TRAINER_STATE = "trainer.pt"
 
@@ -40,7 +45,8 @@ class FSDP2Engine(ShardedEngine):
     :param sharding: a :class:`~tango_fairscale.wrapping.ShardingConfig`
         (``flatten_parameters`` has no effect: FSDP2 shards every parameter on its own);
         ``compile`` applies ``torch.compile`` to each unit, after activation checkpointing and
-        before sharding.
+        before sharding; ``hybrid_shard`` shards within each node and replicates across nodes
+        (a 2-D device mesh, replicas × processes per node).
 
     Checkpoints are ``torch.distributed.checkpoint`` directories: a run saved on N processes
     resumes on any number.
@@ -60,6 +66,8 @@ class FSDP2Engine(ShardedEngine):
             "reshard_after_forward": config.reshard_after_forward,
             "mp_policy": self._mixed_precision_policy(),
         }
+        if config.hybrid_shard:
+            options["mesh"] = self._hybrid_mesh()
         if offload:
             options["offload_policy"] = CPUOffloadPolicy(pin_memory=self.device.type == "cuda")
         else:
@@ -74,6 +82,20 @@ class FSDP2Engine(ShardedEngine):
             fully_shard(unit, **options)
         fully_shard(model, **options)
         return model
+
+    def _hybrid_mesh(self) -> DeviceMesh:
+        """``(nodes, processes per node)``: shard along the second dimension, replicate along
+        the first."""
+        world_size = self.train_config.world_size
+        per_node = devices_per_node(world_size)
+        if world_size % per_node:
+            raise ConfigurationError(
+                f"sharding.hybrid_shard needs the same number of processes on every node; "
+                f"{world_size} processes do not split into nodes of {per_node}"
+            )
+        shape = (world_size // per_node, per_node)
+        logger.info("hybrid sharding: %d replica(s) x %d shard(s)", *shape)
+        return init_device_mesh(self.device.type, shape, mesh_dim_names=("replicate", "shard"))
 
     def _mixed_precision_policy(self) -> MixedPrecisionPolicy:
         if not self.precision.mixed:
