@@ -16,7 +16,11 @@ measures, after a warm-up pass:
 * **precision variants** at the largest batch size: fp32 (the step's default), TF32 matmuls
   (``torch.set_float32_matmul_precision("high")``, GPU only) and ``torch.autocast(bfloat16)``
   around the step; each with its largest absolute log-likelihood difference from fp32 and its
-  ``acc`` / ``acc_norm`` (and how many examples' predictions change).
+  ``acc`` / ``acc_norm`` (and how many examples' predictions change);
+* **token budgets**: the step path with ``batch_size`` ``--budget-batch-size`` and each
+  ``--token-budgets`` value as ``max_batch_tokens`` (at most that many padded tokens per forward),
+  at ``32-true`` and ``bf16-mixed`` (the step's own ``precision``), and tokenization with the
+  tokenizer's thread pool on (``TOKENIZERS_PARALLELISM=true``) against off.
 
 The issue's target is 20,000 queries/s for 124M; the report states the gap.
 
@@ -65,6 +69,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="fp32,tf32,bf16-autocast",
         help="precision variants at the largest batch size (tf32 needs a GPU)",
     )
+    parser.add_argument("--token-budgets", default="8192,16384,32768,65536")
+    parser.add_argument("--budget-batch-size", type=int, default=4096)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--budget-s", type=float, default=None, help="skip repeats and sections past this"
@@ -78,7 +84,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     if args.tiny:
-        args.shape, args.batch_sizes = "tiny", "8,32"
+        args.shape, args.batch_sizes, args.token_budgets = "tiny", "8,32", "512,2048"
         args.examples = args.examples or 40
         args.single_queries, args.repeats = min(args.single_queries, 10), 2
         if not args.piqa.is_dir() and (shared / "piqa").is_dir():
@@ -375,9 +381,70 @@ def main(argv: list[str] | None = None) -> int:
         report["variants"].append(entry)
         print(f"=== variant {variant}: {entry}", flush=True)
         save()
+    # --- (d) token budgets, through the step's own precision ---------------------------------
+    report["token_budgets"] = []
+    for precision in ("32-true", "bf16-mixed"):
+        for budget in [int(b) for b in args.token_budgets.split(",") if b]:
+            if over_budget(reserve=10):
+                report["notes"].append(f"token budget {budget} {precision} skipped (budget)")
+                continue
+            entry = measure_budget(
+                lambda budget=budget, precision=precision: PiqaPredictionsStep().run(
+                    model=model,
+                    dataset_dict=dataset_dict,
+                    batch_size=args.budget_batch_size,
+                    max_batch_tokens=budget,
+                    precision=precision,
+                ),
+                clock,
+                max(1, args.repeats),
+            )
+            batches = length_sorted_batches(queries, args.budget_batch_size, budget)
+            padded = sum(len(b) * lengths[b[0]] for b in batches)
+            scores = entry.pop("scores")
+            entry.update(
+                precision=precision,
+                max_batch_tokens=budget,
+                num_forwards=len(batches),
+                padding_fraction=round(1 - sum(lengths) / padded, 4),
+                step_queries_per_s=round(n / entry["step_s"], 1),
+                max_abs_diff_vs_fp32=max(abs(a - b) for a, b in zip(scores, reference)),
+            )
+            report["token_budgets"].append(entry)
+            print(f"=== budget {budget} {precision}: {entry}", flush=True)
+            save()
+    import os
+
+    threads = {}
+    for setting in ("false", "true"):
+        os.environ["TOKENIZERS_PARALLELISM"] = setting
+        choice_queries(examples, model.tokenizer, model.max_length)
+        _, threads[setting] = clock.time(
+            lambda: choice_queries(examples, model.tokenizer, model.max_length)
+        )
+    report["tokenize"]["parallel_warm_s"] = round(threads["true"], 4)
+    report["tokenize"]["serial_warm_s"] = round(threads["false"], 4)
     save()
     print(markdown(report))
     return 0
+
+
+def measure_budget(run: Callable[[], Any], clock: Clock, repeats: int) -> dict[str, Any]:
+    """The fastest of ``repeats`` step runs (after one warm-up) and the run's metrics and scores."""
+    from tango_fairscale.evaluation import metrics_from_predictions
+
+    run()
+    times = []
+    for _ in range(repeats):
+        predictions, seconds = clock.time(run)
+        times.append(seconds)
+    metrics = metrics_from_predictions(predictions)
+    return {
+        "step_s": round(min(times), 4),
+        "acc": metrics["acc"],
+        "acc_norm": metrics["acc_norm"],
+        "scores": [ll for p in predictions for ll in p["loglikelihoods"]],
+    }
 
 
 def _choice(prediction: dict[str, Any]) -> int:
@@ -403,6 +470,7 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
     fastest = max(
         [best["step_queries_per_s"]]
         + [v["step_queries_per_s"] for v in report.get("variants") or []]
+        + [v["step_queries_per_s"] for v in report.get("token_budgets") or []]
     )
     summary["fastest_step_queries_per_s"] = fastest
     summary["target_met"] = fastest >= TARGET_QUERIES_PER_S
@@ -487,6 +555,32 @@ def markdown(report: dict[str, Any]) -> str:
                 f"| {v['score_only_queries_per_s']:,.0f} | {v['max_abs_diff_vs_fp32']:.3g} "
                 f"| {v['acc']:.4f} | {v['acc_norm']:.4f} | {v['predictions_changed_vs_fp32']} |"
             )
+    budgets = report.get("token_budgets") or []
+    if budgets:
+        tokenize = report["tokenize"]
+        lines += [
+            "",
+            f"## Token budgets (step path, batch_size {report['settings']['budget_batch_size']}, "
+            "`max_batch_tokens`)",
+            "",
+            "| precision | max_batch_tokens | forwards | pad % | step s | step q/s | "
+            "max abs diff vs fp32 | acc | acc_norm |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for b in budgets:
+            lines.append(
+                f"| {b['precision']} | {b['max_batch_tokens']} | {b['num_forwards']} "
+                f"| {100 * b['padding_fraction']:.1f} | {b['step_s']:.3f} "
+                f"| {b['step_queries_per_s']:,.0f} | {b['max_abs_diff_vs_fp32']:.3g} "
+                f"| {b['acc']:.4f} | {b['acc_norm']:.4f} |"
+            )
+        if "parallel_warm_s" in tokenize:
+            lines += [
+                "",
+                f"Tokenization: {tokenize['serial_warm_s']:.3f} s with "
+                f"`TOKENIZERS_PARALLELISM=false`, {tokenize['parallel_warm_s']:.3f} s with the "
+                "tokenizer's thread pool.",
+            ]
     summary = report.get("summary") or {}
     if summary:
         verdict = "met" if summary["target_met"] else "**not met**"

@@ -52,9 +52,12 @@ def encode_pairs(tokenizer: Any, pairs: Sequence[tuple[str, str]], max_length: i
     """:func:`encode_pair` for many pairs, with two batched tokenizer calls in all."""
     moved = [_move_trailing_spaces(context, continuation) for context, continuation in pairs]
     wholes = _token_ids(tokenizer, [context + continuation for context, continuation in moved])
-    contexts = _token_ids(tokenizer, [context for context, _ in moved])
+    # Each PIQA context serves two continuations: tokenize it once.
+    unique_contexts = list(dict.fromkeys(context for context, _ in moved))
+    context_ids = dict(zip(unique_contexts, _token_ids(tokenizer, unique_contexts)))
     queries = []
-    for (context, continuation), whole, context_tokens in zip(moved, wholes, contexts):
+    for (context, continuation), whole in zip(moved, wholes):
+        context_tokens = context_ids[context]
         continuation_tokens = whole[len(context_tokens) :]
         if not continuation_tokens:
             raise ValueError(
@@ -143,13 +146,29 @@ def training_batch(
     return collate(queries, pad_token_id, TRAINING_WIDTH_MULTIPLE, max_width=max_length + 1)
 
 
-def length_sorted_batches(queries: Sequence[Query], batch_size: int) -> list[list[int]]:
+def length_sorted_batches(
+    queries: Sequence[Query], batch_size: int, max_tokens: int | None = None
+) -> list[list[int]]:
     """Indices of ``queries`` grouped into batches of similar length, longest first.
 
-    Longest first (as lm-eval does) makes an out-of-memory error happen on the first batch.
+    A batch holds at most ``batch_size`` queries and, with ``max_tokens``, at most that many
+    padded tokens (queries × the longest): batches of short queries grow, of long ones shrink (a
+    query longer than ``max_tokens`` is a batch of its own). Longest first (as lm-eval does)
+    makes an out-of-memory error happen on the first batch.
     """
     order = sorted(range(len(queries)), key=lambda i: (-len(queries[i]), i))
-    return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+    batches: list[list[int]] = []
+    for index in order:
+        batch = batches[-1] if batches else None
+        if (
+            batch is None
+            or len(batch) == batch_size
+            or (max_tokens is not None and (len(batch) + 1) * len(queries[batch[0]]) > max_tokens)
+        ):
+            batches.append([index])
+        else:
+            batch.append(index)
+    return batches
 
 
 @dataclass(frozen=True)

@@ -34,15 +34,17 @@ def score_queries(
     batch_size: int,
     pad_token_id: int,
     device: torch.device,
+    max_batch_tokens: int | None = None,
     num_forwards: int | None = None,
     progress: bool = True,
 ) -> list[float]:
     """Log-likelihood of each query's continuation, in the order of ``queries``.
 
+    Batches as :func:`~tango_fairscale.batching.length_sorted_batches` makes them.
     ``num_forwards`` (at least the number of batches) pads the work with repeated forwards of a
     one-row batch whose results are discarded, so that all ranks call ``forward`` equally often.
     """
-    batches = length_sorted_batches(queries, batch_size)
+    batches = length_sorted_batches(queries, batch_size, max_batch_tokens)
     total = max(num_forwards or 0, len(batches))
     filler = collate([Query((pad_token_id, pad_token_id), 1)], pad_token_id)  # any tokens serve
     results = []  # stay on the device until the end: no synchronisation per batch
@@ -179,7 +181,9 @@ class PiqaPredictionsStep(Step[list]):
     """Score both choices of every example of one PIQA split with a model.
 
     Registered as a Tango ``Step`` under the name ``"tango_fairscale::piqa_predictions"``.
-    Runs on the GPU when there is one. ``batch_size`` is not part of the cache key.
+    Runs on the GPU when there is one. A forward scores at most ``batch_size`` queries of similar
+    length and, with ``max_batch_tokens``, at most that many padded tokens (so short queries go
+    in large batches and long ones in small); neither is part of the cache key.
     ``precision`` ``32-true`` (default: exact lm-eval scores) or ``bf16-mixed`` (autocast: faster
     on GPUs, scores within about 1e-2; ``auto`` picks it on a bf16 GPU).
 
@@ -196,7 +200,7 @@ class PiqaPredictionsStep(Step[list]):
     DETERMINISTIC = True
     CACHEABLE = True
     FORMAT = JsonFormat()
-    SKIP_ID_ARGUMENTS = {"batch_size"}
+    SKIP_ID_ARGUMENTS = {"batch_size", "max_batch_tokens"}
 
     def run(  # type: ignore[override]
         self,
@@ -205,16 +209,21 @@ class PiqaPredictionsStep(Step[list]):
         split: str = "validation",
         batch_size: int = 32,
         precision: str = "32-true",
+        max_batch_tokens: int | None = None,
     ) -> list:
         if split not in dataset_dict:
             raise ConfigurationError(
                 f"split {split!r} is not in the dataset; choose one of "
                 f"{sorted(dataset_dict.keys())}"
             )
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int):
-            raise ConfigurationError(f"batch_size must be an integer, got {batch_size!r}")
-        if batch_size < 1:
-            raise ConfigurationError(f"batch_size must be at least 1, got {batch_size}")
+        sizes = {"batch_size": batch_size}
+        if max_batch_tokens is not None:
+            sizes["max_batch_tokens"] = max_batch_tokens
+        for name, value in sizes.items():
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigurationError(f"{name} must be an integer, got {value!r}")
+            if value < 1:
+                raise ConfigurationError(f"{name} must be at least 1, got {value}")
         examples = list(dataset_dict[split])
         if not examples:
             raise ConfigurationError(f"split {split!r} holds no examples; check 'limit'")
@@ -236,6 +245,7 @@ class PiqaPredictionsStep(Step[list]):
                 batch_size=batch_size,
                 pad_token_id=model.pad_token_id,
                 device=device,
+                max_batch_tokens=max_batch_tokens,
             )
         return piqa_predictions(examples, queries, scores)
 

@@ -36,7 +36,7 @@ class ModelWrapper(Model):
     :param tokenizer: hub id or local directory of the tokenizer; defaults to ``model``.
     :param seed: seeds the random initialisation when ``config`` is given.
 
-    ``forward(input_ids, attention_mask, labels)`` takes a batch from
+    ``forward(input_ids, attention_mask, labels)`` takes a right-padded batch from
     :func:`tango_fairscale.batching.collate` and returns
 
     * ``loglikelihood`` ``(B,)``: the summed log-probability of each row's labelled tokens;
@@ -100,10 +100,14 @@ class ModelWrapper(Model):
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor
     ) -> dict[str, torch.Tensor]:
         # Position t is predicted from positions < t: the last token is never an input.
+        # Batches are right-padded, so the causal mask alone keeps every real token from seeing
+        # padding (which only follows it): ``attention_mask`` is not passed on, and attention
+        # takes SDPA's fused causal kernel instead of a materialised (B, 1, T, T) mask.
         # No key/value cache: it costs memory, and activation checkpointing would replay a
         # forward into the same cache object and double its length.
+        del attention_mask
         hidden = self.model.base_model(
-            input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1], use_cache=False
+            input_ids=input_ids[:, :-1], use_cache=False
         ).last_hidden_state
         head = self.model.get_output_embeddings()
         return loss_outputs(*scored_row_nll(head, hidden, labels[:, 1:]))

@@ -263,6 +263,16 @@ def test_length_sorted_batches_sizes() -> None:
     assert length_sorted_batches([], 4) == []
 
 
+def test_length_sorted_batches_token_budget() -> None:
+    """``max_tokens`` caps queries × longest: long queries share few batches, short ones many."""
+    lengths = [10, 10, 10, 4, 4, 4, 4, 4, 25]
+    queries = [Query(tuple(range(n)), 1) for n in lengths]
+    batches = length_sorted_batches(queries, 100, max_tokens=20)
+    assert batches == [[8], [0, 1], [2, 3], [4, 5, 6, 7]]  # 25 > 20: a batch of its own
+    assert all(len(b) * lengths[b[0]] <= 20 for b in batches[1:])
+    assert length_sorted_batches(queries, 3, max_tokens=1000) == length_sorted_batches(queries, 3)
+
+
 # BatchSchedule --------------------------------------------------------------------------------
 
 

@@ -362,6 +362,16 @@ def test_length_sorted_scoring_restores_query_order(model: ModelWrapper, example
         progress=False,
     )
     np.testing.assert_allclose(scores[::-1], forward_scores, atol=1e-5)
+    budgeted = score_queries(
+        forward_of(model),
+        queries,
+        batch_size=16,
+        pad_token_id=model.pad_token_id,
+        device=CPU,
+        max_batch_tokens=4 * max(len(q) for q in queries),
+        progress=False,
+    )
+    np.testing.assert_allclose(budgeted, forward_scores, atol=1e-5)
 
 
 def test_predictions_step_scores_in_bf16_when_asked(model: ModelWrapper, examples: list) -> None:

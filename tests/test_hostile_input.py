@@ -291,6 +291,8 @@ def test_model_config_that_is_not_an_object(tokenizer_dir: Path) -> None:
     [
         ({"batch_size": "8"}, "batch_size must be an integer, got '8'"),
         ({"batch_size": 0}, "batch_size must be at least 1, got 0"),
+        ({"max_batch_tokens": 0}, "max_batch_tokens must be at least 1, got 0"),
+        ({"max_batch_tokens": 1.5}, "max_batch_tokens must be an integer, got 1.5"),
         ({"precision": "16-mixed"}, "'16-mixed' (fp16 with gradient scaling) needs a CUDA GPU"),
         ({"precision": "bf16-true"}, "scoring precision must be '32-true' or 'bf16-mixed'"),
         ({"split": "dev"}, "split 'dev' is not in the dataset"),
