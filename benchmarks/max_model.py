@@ -100,13 +100,10 @@ def summary(outcome: dict[int, bool], ladder: list[dict[str, Any]]) -> dict[str,
         status = "unbounded: budget spent"
     else:
         status = "no trial: budget spent"
-    return {
-        "largest_trained": ladder[best]["name"] if best >= 0 else None,
-        "largest_trained_params": ladder[best]["n_params"] if best >= 0 else None,
-        "smallest_failed": None if worst is None else ladder[worst]["name"],
-        "smallest_failed_params": None if worst is None else ladder[worst]["n_params"],
-        "status": status,
-    }
+    top, bottom = ladder[best] if best >= 0 else {}, {} if worst is None else ladder[worst]
+    return {"largest_trained": top.get("name"), "largest_trained_params": top.get("n_params"),
+            "smallest_failed": bottom.get("name"), "smallest_failed_params": bottom.get("n_params"),
+            "status": status}  # fmt: skip
 
 
 def billions(n: float | None) -> str:
@@ -135,7 +132,8 @@ def markdown(report: dict[str, Any]) -> str:
         for s in searches:
             trials = {t["shape"]: t for t in report["trials"] if t["search"] == s["id"]}
             best, worst = trials.get(s["largest_trained"], {}), trials.get(s["smallest_failed"])
-            peak = f"{best.get('peak_allocated_gib', '-')} / {best.get('peak_reserved_gib', '-')}"
+            peak = f"{best.get('peak_allocated_gib')} / {best.get('peak_reserved_gib')}"
+            peak = peak if best.get("peak_allocated_gib") is not None else "-"
             failed = "-"
             if worst:
                 failed = f"{billions(worst['n_params'])} ({worst['shape']}): {worst['error']} "
@@ -222,7 +220,6 @@ def main(argv: list[str] | None = None) -> int:
     parsed = {c: train_speed.parse_config(c) for c in configs}
     if any(p["engine"] == "pipe" for p in parsed.values()):
         raise SystemExit("pipe configs are not data parallel: use ddp, fairscale or fsdp2")
-    world_sizes = [int(w) for w in args.world_size.split(",")]
     cuda = torch.cuda.is_available()
     gpus = torch.cuda.device_count() if cuda else 0
     multiprocessing.set_forkserver_preload(train_speed.PRELOAD)
@@ -250,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         "searches": [],  # per (world size, config): largest trained, smallest failed
         "trials": [],
     }
-    pairs = [(w, c) for w in world_sizes for c in configs]
+    pairs = [(int(w), c) for w in args.world_size.split(",") for c in configs]
     for k, (w, c) in enumerate(pairs):
         report["searches"].append({"id": k, "world_size": w, "config": c, **summary({}, ladder)})
     checked = False  # has a trial shown that the start method works?
@@ -286,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
                 start_method = spec["start_method"] = "spawn"
                 row = run_trial(spec, timeout)
             checked = checked or row["success"]
+            if row.get("error") == "timeout" and timeout < args.trial_timeout:
+                row["message"] += " (cut short by --budget-s: not a boundary)"
             row.pop("no_rank_reported", None)
             report["environment"].update(row.pop("gpu_info", {}))
             report["trials"].append({"search": k, **row})
