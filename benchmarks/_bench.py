@@ -55,6 +55,13 @@ def setup_paths() -> None:
         sys.path.insert(0, root)
 
 
+def add_data_arguments(parser: Any, shape: str = "124m") -> None:
+    """``--piqa``, ``--tokenizer`` (the carried ``.gpudata`` copies by default) and ``--shape``."""
+    parser.add_argument("--piqa", type=Path, default=REPO_ROOT / ".gpudata" / "piqa")
+    parser.add_argument("--tokenizer", type=Path, default=REPO_ROOT / ".gpudata" / "gpt2-tokenizer")
+    parser.add_argument("--shape", default=shape, choices=sorted(SHAPES))
+
+
 def gpt2_config(shape: str, n_positions: int = 1024) -> dict[str, Any]:
     """A ``tango_fairscale::causal_lm`` ``config``: GPT-2 defaults (dropout 0.1, vocab 50257)."""
     if shape not in SHAPES:

@@ -24,11 +24,7 @@ _bench.setup_paths()
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--piqa", type=Path, default=_bench.REPO_ROOT / ".gpudata" / "piqa")
-    parser.add_argument(
-        "--tokenizer", type=Path, default=_bench.REPO_ROOT / ".gpudata" / "gpt2-tokenizer"
-    )
-    parser.add_argument("--shape", default="124m", choices=sorted(_bench.SHAPES))
+    _bench.add_data_arguments(parser)
     parser.add_argument("--precision", default="bf16-mixed")
     parser.add_argument("--batch-size", type=int, default=4096)
     parser.add_argument("--max-batch-tokens", type=int, default=16384)

@@ -55,11 +55,7 @@ EARLIER_QUERIES_PER_S = 260  # the issue's earlier attempt
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     shared = _bench.REPO_ROOT.parent / "shared" / "data"
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--piqa", type=Path, default=_bench.REPO_ROOT / ".gpudata" / "piqa")
-    parser.add_argument(
-        "--tokenizer", type=Path, default=_bench.REPO_ROOT / ".gpudata" / "gpt2-tokenizer"
-    )
-    parser.add_argument("--shape", default="124m", choices=sorted(_bench.SHAPES))
+    _bench.add_data_arguments(parser)
     parser.add_argument("--batch-sizes", default="32,128,512")
     parser.add_argument("--examples", type=int, default=None, help="first N validation examples")
     parser.add_argument("--single-queries", type=int, default=200)

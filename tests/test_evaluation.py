@@ -201,6 +201,20 @@ def forward_of(model: ModelWrapper) -> Any:
     return forward
 
 
+def cpu_scores(model: ModelWrapper, queries: list, batch_size: int, **options: Any) -> list[float]:
+    """``score_queries`` through ``model`` on the CPU (``options``: forward, num_forwards, ...)."""
+    forward = options.pop("forward", forward_of(model))
+    return score_queries(
+        forward,
+        queries,
+        batch_size=batch_size,
+        pad_token_id=model.pad_token_id,
+        device=CPU,
+        progress=False,
+        **options,
+    )
+
+
 def one_query_log_likelihood(model: ModelWrapper, query: Query) -> float:
     """Plain HF forward of one unpadded query; sum of log_softmax at the continuation tokens."""
     tokens = torch.tensor([query.tokens])
@@ -220,31 +234,14 @@ def test_batched_scores_equal_one_query_at_a_time(
     if max_length == 12:
         assert sum(len(q) == 13 for q in queries) > len(queries) // 2
         assert any(q.continuation_length == 12 for q in queries)
-    scores = score_queries(
-        forward_of(model),
-        queries,
-        batch_size=7,
-        pad_token_id=model.pad_token_id,
-        device=CPU,
-        progress=False,
-    )
+    scores = cpu_scores(model, queries, 7)
     expected = [one_query_log_likelihood(model, query) for query in queries]
     np.testing.assert_allclose(scores, expected, rtol=1e-5, atol=1e-4)
 
 
 def test_scores_do_not_depend_on_batch_size(model: ModelWrapper, examples: list) -> None:
     queries = choice_queries(examples[:8], model.tokenizer, model.max_length)
-    results = [
-        score_queries(
-            forward_of(model),
-            queries,
-            batch_size=batch_size,
-            pad_token_id=model.pad_token_id,
-            device=CPU,
-            progress=False,
-        )
-        for batch_size in (1, 4, 64)
-    ]
+    results = [cpu_scores(model, queries, batch_size) for batch_size in (1, 4, 64)]
     np.testing.assert_allclose(results[0], results[1], atol=1e-4)
     np.testing.assert_allclose(results[0], results[2], atol=1e-4)
 
@@ -257,25 +254,10 @@ def test_num_forwards_pads_with_discarded_forwards(model: ModelWrapper, examples
         calls.append(len(batch["input_ids"]))
         return forward_of(model)(batch)
 
-    plain = score_queries(
-        counting,
-        queries,
-        batch_size=4,
-        pad_token_id=model.pad_token_id,
-        device=CPU,
-        progress=False,
-    )
+    plain = cpu_scores(model, queries, 4, forward=counting)
     assert calls == [4, 4, 2]
     calls.clear()
-    padded = score_queries(
-        counting,
-        queries,
-        batch_size=4,
-        pad_token_id=model.pad_token_id,
-        device=CPU,
-        num_forwards=6,
-        progress=False,
-    )
+    padded = cpu_scores(model, queries, 4, forward=counting, num_forwards=6)
     assert calls == [4, 4, 2, 1, 1, 1]
     assert padded == plain
 
@@ -293,14 +275,7 @@ def test_validate_all_ranks_single_process_equals_score_queries_and_metrics(
         progress=False,
     )
     queries = choice_queries(examples, model.tokenizer, model.max_length)
-    scores = score_queries(
-        forward_of(model),
-        queries,
-        batch_size=8,
-        pad_token_id=model.pad_token_id,
-        device=CPU,
-        progress=False,
-    )
+    scores = cpu_scores(model, queries, 8)
     metrics = metrics_from_predictions(piqa_predictions(examples, queries, scores))
     assert metrics["num_examples"] == len(examples)
     assert result == {
@@ -345,32 +320,10 @@ def test_predictions_step_scores_every_example(model: ModelWrapper, examples: li
 def test_length_sorted_scoring_restores_query_order(model: ModelWrapper, examples: list) -> None:
     queries = choice_queries(examples[:8], model.tokenizer, model.max_length)
     assert length_sorted_batches(queries, 16)[0] != list(range(len(queries)))  # really reordered
-    scores = score_queries(
-        forward_of(model),
-        list(reversed(queries)),
-        batch_size=16,
-        pad_token_id=model.pad_token_id,
-        device=CPU,
-        progress=False,
-    )
-    forward_scores = score_queries(
-        forward_of(model),
-        queries,
-        batch_size=16,
-        pad_token_id=model.pad_token_id,
-        device=CPU,
-        progress=False,
-    )
+    scores = cpu_scores(model, list(reversed(queries)), 16)
+    forward_scores = cpu_scores(model, queries, 16)
     np.testing.assert_allclose(scores[::-1], forward_scores, atol=1e-5)
-    budgeted = score_queries(
-        forward_of(model),
-        queries,
-        batch_size=16,
-        pad_token_id=model.pad_token_id,
-        device=CPU,
-        max_batch_tokens=4 * max(len(q) for q in queries),
-        progress=False,
-    )
+    budgeted = cpu_scores(model, queries, 16, max_batch_tokens=4 * max(len(q) for q in queries))
     np.testing.assert_allclose(budgeted, forward_scores, atol=1e-5)
 
 
