@@ -7,6 +7,8 @@ Each "node" is a real ``torchrun --nnodes 2 --node-rank N`` process on 127.0.0.1
   with its metrics;
 * SIGTERM to both torchrun agents mid-training (as a cluster's preemption): every rank checkpoints
   and stops; the same two commands again resume and end with the uninterrupted run's weights;
+* SIGKILL of rank 1's worker mid-training: both nodes exit within seconds, and the same commands
+  resume from the last checkpoint to the uninterrupted run's weights;
 * ``fsdp2`` with ``hybrid_shard`` on two nodes of two processes (a 2 × 2 mesh) ends with the same
   weights as that single-node run;
 * one-line errors: ``device_count`` ≠ the launcher's world size, a workspace that another node
@@ -200,6 +202,45 @@ def test_preempted_nodes_resume_to_the_same_weights(
     assert_succeeded(resumed)
     assert logged_steps(workspace).count(1) == 1  # resumed, not started over
     assert_same_weights(single_node_runs["fairscale"], workspace)
+
+
+def test_a_killed_rank_stops_every_node_and_the_job_resumes(
+    single_node_runs: dict[str, Path], data: tuple[str, ...], tmp_path: Path
+) -> None:
+    """SIGKILL of rank 1's worker mid-training: both nodes exit (non-zero) within seconds, no
+    process is left, and the same commands resume to the uninterrupted run's weights."""
+    workspace = tmp_path / "ws"
+    defines = (*data, "engine=fairscale")
+    killed: list[int] = []
+
+    def kill_rank_1_once_training(processes: list[subprocess.Popen]) -> None:
+        deadline = time.time() + TIMEOUT_S
+        while time.time() < deadline and not logged_steps(workspace):
+            time.sleep(0.05)
+        [worker] = workers_of(processes[1].pid)
+        os.kill(worker, signal.SIGKILL)
+        killed.append(worker)
+
+    started = time.time()
+    nodes = torchrun_nodes(workspace, defines, while_running=kill_rank_1_once_training)
+    assert time.time() - started < 120
+    assert all(code != 0 for code, _ in nodes)
+    assert "Signal 9 (SIGKILL)" in nodes[1][1] and "rank      : 1" in nodes[1][1]
+    assert not Path(f"/proc/{killed[0]}").exists()
+
+    resumed = torchrun_nodes(workspace, defines)
+    assert_succeeded(resumed)
+    assert_same_weights(single_node_runs["fairscale"], workspace)
+
+
+def workers_of(agent_pid: int) -> list[int]:
+    """The training processes a torchrun agent started (its children running tango_fairscale)."""
+    children = Path(f"/proc/{agent_pid}/task/{agent_pid}/children").read_text().split()
+    return [
+        int(pid)
+        for pid in children
+        if b"tango_fairscale" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]
 
 
 def logged_steps(workspace: Path) -> list[int]:
