@@ -250,7 +250,9 @@ def run_training(plan: TrainPlan) -> None:
     """Train in ``plan.config.work_dir`` (resuming from its newest checkpoint) on every device.
 
     With several processes, the preemption signal received here is passed on to every worker,
-    and a worker that dies or fails stops the others at once (one-line error naming it).
+    and a worker that dies or fails stops the others at once (one-line error naming it). Under
+    an external launcher (:mod:`tango_fairscale.launcher`), the processes already exist: this one
+    (rank 0) hands the plan to the others and trains as rank 0.
     """
     plan.config.work_dir.mkdir(parents=True, exist_ok=True)
     launch = launcher.current()
