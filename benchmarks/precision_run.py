@@ -235,14 +235,10 @@ def markdown(report: dict[str, Any]) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--piqa", type=Path, default=_bench.REPO_ROOT / ".gpudata" / "piqa")
-    parser.add_argument(
-        "--tokenizer", default=str(_bench.REPO_ROOT / ".gpudata" / "gpt2-tokenizer")
-    )
+    _bench.add_data_arguments(parser)
     parser.add_argument("--precisions", default="32-true,bf16-mixed,16-mixed")
     parser.add_argument("--engine", choices=sorted(ENGINES), default="fairscale")
     parser.add_argument("--sharding", default="{}", help="FairScale ShardingConfig as JSON")
-    parser.add_argument("--shape", default="124m", choices=sorted(_bench.SHAPES))
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--batch-size", type=int, default=16, help="global, over all devices")
     parser.add_argument("--world-size", type=int, default=1)

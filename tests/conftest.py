@@ -168,3 +168,17 @@ def assert_same_training(reference, candidate_log, candidate_state) -> None:
 def ddp_reference(tmp_path_factory, tiny_model_dir: Path, piqa_small):
     """20 steps of DDP on 2 processes: what every engine and world size must reproduce."""
     return train_tiny(tmp_path_factory.mktemp("ddp"), tiny_model_dir, piqa_small, device_count=2)
+
+
+def child_processes(pid: int, marker: bytes) -> list[int]:
+    """Process ids of the children of ``pid`` whose command line contains ``marker``."""
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and marker in cmdline:
+            children.append(int(stat.parent.name))
+    return children

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import child_processes
 from safetensors.torch import load_file
 
 from tango_fairscale.engines.base import free_port
@@ -217,7 +218,7 @@ def test_a_killed_rank_stops_every_node_and_the_job_resumes(
         deadline = time.time() + TIMEOUT_S
         while time.time() < deadline and not logged_steps(workspace):
             time.sleep(0.05)
-        [worker] = workers_of(processes[1].pid)
+        [worker] = child_processes(processes[1].pid, b"tango_fairscale")
         os.kill(worker, signal.SIGKILL)
         killed.append(worker)
 
@@ -231,16 +232,6 @@ def test_a_killed_rank_stops_every_node_and_the_job_resumes(
     resumed = torchrun_nodes(workspace, defines)
     assert_succeeded(resumed)
     assert_same_weights(single_node_runs["fairscale"], workspace)
-
-
-def workers_of(agent_pid: int) -> list[int]:
-    """The training processes a torchrun agent started (its children running tango_fairscale)."""
-    children = Path(f"/proc/{agent_pid}/task/{agent_pid}/children").read_text().split()
-    return [
-        int(pid)
-        for pid in children
-        if b"tango_fairscale" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    ]
 
 
 def logged_steps(workspace: Path) -> list[int]:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import child_processes
 
 from tango_fairscale.format import ModelFormat
 from tango_fairscale.model import ModelWrapper
@@ -70,16 +71,7 @@ def start_and_wait_for_a_checkpoint(command: list[str], workspace: Path) -> subp
 
 def workers_of(pid: int) -> list[int]:
     """Process ids of the training workers spawned by ``pid``."""
-    workers = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            cmdline = (stat.parent / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if int(fields[1]) == pid and b"spawn_main" in cmdline:
-            workers.append(int(stat.parent.name))
-    return workers
+    return child_processes(pid, b"spawn_main")
 
 
 def assert_resumes_to_the_reference(command, workspace: Path, reference: ModelWrapper) -> None:

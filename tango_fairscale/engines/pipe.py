@@ -109,9 +109,6 @@ class PipeEngine(Engine):
                  precision: "bf16-mixed", optimizer: {type: "torch::AdamW", lr: 1e-5}}
     """
 
-    sharded = False
-    reshards_checkpoints = True
-
     def __init__(
         self,
         train_config: TrainConfig,
