@@ -160,6 +160,17 @@ def test_string_for_a_boolean_sharding_field(tmp_path: Path) -> None:
     one_line(err.value, "sharding.cpu_offload must be true or false, got 'false'")
 
 
+@pytest.mark.parametrize("name", ["compile", "hybrid_shard"])
+def test_fsdp2_only_sharding_options_are_refused_by_fairscale(tmp_path: Path, name: str) -> None:
+    engine = {"type": "tango_fairscale::fairscale", "sharding": {name: True}}
+    with pytest.raises(ConfigurationError) as err:
+        build_engine(engine, tmp_path)
+    one_line(err.value, f"sharding.{name} is supported by the fsdp2 engine only; remove it or use")
+    with pytest.raises(ConfigurationError) as err:
+        ShardingConfig(**{name: "yes"})  # type: ignore[arg-type]
+    one_line(err.value, f"sharding.{name} must be true or false, got 'yes'")
+
+
 @pytest.mark.parametrize("name", ["modules_to_wrap", "activation_checkpointing"])
 def test_single_string_for_a_list_of_regexes_is_refused(tmp_path: Path, name: str) -> None:
     # Tango used to turn the string into the list of its characters, each a 1-character regex.
