@@ -26,8 +26,8 @@ Configurations are ``ENGINE-PRECISION[-MODIFIER...]``:
   precision for fairscale), ``fp16`` / ``16-mixed`` (``16-mixed`` + grad scaler), ``bf16true``
   (``bf16-true``).
 * MODIFIERS (sharded engines): ``root`` (no per-block units), ``ckpt`` (activation
-  checkpointing of every unit), ``offload`` (CPU offload), ``noflat``, ``noreshard``, ``compile``
-  (fsdp2 only).
+  checkpointing of every unit), ``offload`` (CPU offload), ``noflat``, ``noreshard``; also for
+  ddp: ``compile`` (torch.compile per block; ddp and fsdp2), ``fused`` (fused AdamW).
 * MODIFIERS (pipe): ``cN`` (N chunks = micro-batches, default 4), ``ckpt-always`` /
   ``ckpt-never`` / ``ckpt-except_last`` (default), ``bA_B`` (A and B blocks per stage; default
   automatic by parameter count). A pipe's batch is the whole pipe's (B rows, cut into N
@@ -79,7 +79,9 @@ _bench.setup_paths()
 ROOT_ONLY_PATTERNS: list[str] = []
 
 ENGINES = ("ddp", "fairscale", "fsdp2", "pipe")
-MODIFIERS = ("root", "ckpt", "offload", "noflat", "noreshard", "compile")
+MODIFIERS = ("root", "ckpt", "offload", "noflat", "noreshard", "compile", "fused")
+#: Modifiers that are not sharding options (the DDP engine takes them too).
+ENGINE_MODIFIERS = ("compile", "fused")
 PIPE_CHECKPOINT_MODES = ("never", "always", "except_last")
 PIPE_DEFAULT_CHUNKS = 4
 DEFAULT_BATCH = "124m=16,355m=16,774m=8,1.5b=8,tiny=2"
@@ -141,10 +143,11 @@ def parse_config(name: str) -> dict[str, Any]:
     unknown = [m for m in modifiers if m not in MODIFIERS]
     if unknown:
         raise SystemExit(f"config {name!r}: unknown modifier(s) {unknown}; use {MODIFIERS}")
-    if engine == "ddp" and modifiers:
-        raise SystemExit(f"config {name!r}: modifiers {modifiers} apply to sharded engines only")
-    if "compile" in modifiers and engine != "fsdp2":
-        raise SystemExit(f"config {name!r}: 'compile' applies to 'fsdp2' only")
+    sharding_only = [m for m in modifiers if m not in ENGINE_MODIFIERS]
+    if engine == "ddp" and sharding_only:
+        raise SystemExit(f"config {name!r}: {sharding_only} apply to sharded engines only")
+    if "compile" in modifiers and engine == "fairscale":
+        raise SystemExit(f"config {name!r}: 'compile' applies to 'ddp' and 'fsdp2' only")
     if "root" in modifiers and "ckpt" in modifiers:
         raise SystemExit(f"config {name!r}: 'ckpt' checkpoints the units, and 'root' has none")
     sharding: dict[str, Any] = {}
@@ -158,7 +161,7 @@ def parse_config(name: str) -> dict[str, Any]:
         sharding["flatten_parameters"] = False
     if "noreshard" in modifiers:
         sharding["reshard_after_forward"] = False
-    if "compile" in modifiers:
+    if "compile" in modifiers and engine == "fsdp2":
         sharding["compile"] = True
     return {
         "config": name,
@@ -285,9 +288,11 @@ def _measure(rank: int, spec: dict[str, Any], result_dir: Path) -> dict[str, Any
         # the engine accepts a constructed Model as well as a Lazy one.
         with torch.device(device):
             model = lazy_model.construct()
-    optimizer = Lazy(
-        Optimizer, Params({"type": "torch::AdamW", "lr": spec["lr"], "weight_decay": 0.0})
-    )
+    modifiers = spec.get("modifiers") or []
+    adamw = {"type": "torch::AdamW", "lr": spec["lr"], "weight_decay": 0.0}
+    if "fused" in modifiers:
+        adamw["fused"] = True
+    optimizer = Lazy(Optimizer, Params(adamw))
     kwargs: dict[str, Any] = {
         "train_config": config,
         "model": model,
@@ -312,6 +317,8 @@ def _measure(rank: int, spec: dict[str, Any], result_dir: Path) -> dict[str, Any
         )
     elif spec["engine"] != "ddp":
         kwargs["sharding"] = ShardingConfig(**spec["sharding"])
+    elif "compile" in modifiers:
+        kwargs["compile"] = True
     engine = engine_class(**kwargs)
     setup_s = time.perf_counter() - started
     # The devices this process computes on: one per pipe stage (two CPU stages count twice),

@@ -79,7 +79,14 @@ def _move_trailing_spaces(context: str, continuation: str) -> tuple[str, str]:
 
 
 def _token_ids(tokenizer: Any, texts: list[str]) -> list[list[int]]:
-    return tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+    if not texts:
+        return []
+    # A fast tokenizer's Rust backend directly: the same ids without the Python BatchEncoding
+    # around them (a quarter of the time on PIQA validation).
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        return [encoding.ids for encoding in backend.encode_batch(texts, add_special_tokens=False)]
+    return tokenizer(texts, add_special_tokens=False)["input_ids"]
 
 
 def choice_queries(
@@ -127,15 +134,19 @@ def collate(
     width = -(-width // width_multiple) * width_multiple
     if max_width is not None:
         width = min(width, max(max_width, max(len(query) for query in queries)))
-    input_ids = torch.full((len(queries), width), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(queries), width), dtype=torch.long)
-    labels = torch.full((len(queries), width), IGNORE_INDEX, dtype=torch.long)
-    for row, query in enumerate(queries):
-        length = len(query)
-        input_ids[row, :length] = torch.tensor(query.tokens)
-        attention_mask[row, :length] = 1
-        start = length - query.continuation_length
-        labels[row, start:length] = input_ids[row, start:length]
+    # One tensor from padded Python rows, masks by comparing positions with lengths: per-row
+    # tensor writes cost more CPU time than the GPU spends scoring a batch (measured: 2/3 of the
+    # PIQA scoring step on an H200).
+    input_ids = torch.tensor(
+        [query.tokens + (pad_token_id,) * (width - len(query)) for query in queries],
+        dtype=torch.long,
+    )
+    lengths = torch.tensor([len(query) for query in queries])
+    starts = lengths - torch.tensor([query.continuation_length for query in queries])
+    positions = torch.arange(width)
+    real = positions < lengths[:, None]
+    attention_mask = real.long()
+    labels = torch.where(real & (positions >= starts[:, None]), input_ids, IGNORE_INDEX)
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
 

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import difflib
-import functools
 import logging
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +12,6 @@ import torch
 import torch.nn.functional as F
 from tango.common.exceptions import ConfigurationError
 from tango.integrations.torch import Model
-from torch.utils.checkpoint import checkpoint
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.activations import NewGELUActivation
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -124,46 +121,132 @@ class ModelWrapper(Model):
 
 def scored_row_nll(
     head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's summed cross-entropy over its scored targets, and how many it has.
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each row's mean and summed cross-entropy over its scored targets, and how many it has.
 
-    ``hidden`` ``(B, T, H)`` predicts ``targets`` ``(B, T)`` (``-100``: not scored). The
-    vocabulary projection runs only where a token is scored, ``LOGIT_CHUNK_ROWS`` rows of logits at
-    a time, each chunk recomputed in the backward pass instead of stored: fp32 logits of 16 × 1024
-    GPT-2 tokens would be 3.3 GB.
+    ``hidden`` ``(B, T, H)`` predicts ``targets`` ``(B, T)`` (``-100``: not scored). Returns
+    ``(row_mean_nll, row_nll, num_tokens)``, each ``(B,)``; a row without scored targets has mean
+    0. Only ``row_mean_nll`` carries gradients, and only for a loss that weighs every row alike
+    (a multiple of ``row_mean_nll.sum()``, such as :func:`loss_outputs`' mean).
+
+    The vocabulary projection runs only where a token is scored, ``LOGIT_CHUNK_ROWS`` rows of
+    logits at a time, and (see :class:`_ScoredCrossEntropy`) its gradients are computed with the
+    forward, so that neither all logits (fp32 logits of 16 × 1024 GPT-2 tokens: 3.3 GB) nor a
+    second projection in the backward pass are needed.
     """
     scored = targets != IGNORE_INDEX
-    hidden, flat_targets = hidden[scored], targets[scored]
-    chunks = range(0, len(flat_targets), LOGIT_CHUNK_ROWS)
-    recompute = len(flat_targets) > LOGIT_CHUNK_ROWS and torch.is_grad_enabled()
-    projection = _aligned_projection(head)
-    pieces = []
-    for i in chunks:
-        arguments = (
-            projection,
-            hidden[i : i + LOGIT_CHUNK_ROWS],
-            flat_targets[i : i + LOGIT_CHUNK_ROWS],
-        )
-        if recompute:
-            pieces.append(checkpoint(_chunk_nll, *arguments, use_reentrant=False))
-        else:
-            pieces.append(_chunk_nll(*arguments))
-    token_nll = torch.cat(pieces)
+    num_tokens = scored.sum(dim=1)
     rows = scored.nonzero()[:, 0]
-    row_nll = torch.zeros(len(targets), dtype=token_nll.dtype, device=token_nll.device)
-    return row_nll.index_add(0, rows, token_nll), scored.sum(dim=1)
+    token_weights = (1.0 / num_tokens.clamp(min=1).float())[rows]
+    weight, bias = _aligned_projection(head)
+    row_mean_nll, row_nll = _ScoredCrossEntropy.apply(
+        hidden[scored], weight, bias, targets[scored], token_weights, rows, len(targets)
+    )
+    return row_mean_nll, row_nll, num_tokens
 
 
-def loss_outputs(row_nll: torch.Tensor, num_tokens: torch.Tensor) -> dict[str, torch.Tensor]:
-    """``forward``'s outputs from each row's summed cross-entropy and scored-token count."""
-    loss = (row_nll / num_tokens.clamp(min=1)).mean()
-    return {"loss": loss, "loglikelihood": -row_nll, "num_tokens": num_tokens}
+def loss_outputs(
+    row_mean_nll: torch.Tensor, row_nll: torch.Tensor, num_tokens: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """``forward``'s outputs from :func:`scored_row_nll`'s."""
+    return {"loss": row_mean_nll.mean(), "loglikelihood": -row_nll, "num_tokens": num_tokens}
 
 
-def _chunk_nll(
-    projection: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, targets: torch.Tensor
-) -> torch.Tensor:
-    return F.cross_entropy(projection(hidden).float(), targets, reduction="none")
+class _ScoredCrossEntropy(torch.autograd.Function):
+    """Token cross-entropies of ``hidden @ weight.T + bias`` against ``targets``, chunk by chunk,
+    summed per row: weighted by ``token_weights`` (differentiable) and plain (not).
+
+    When gradients are needed, the forward computes them from each chunk's softmax at once
+    (``d nll / d logits = softmax - onehot``) and keeps only the ``(N, H)`` and ``(V, H)``
+    results; the backward scales them by the incoming gradient. That is exact when every row
+    receives the same gradient, which the backward checks. Gradient matrix products run in the
+    compute dtype (the autocast dtype, else the inputs'), in fp32 instead of fp16: the
+    unscaled gradients would underflow there.
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        targets: torch.Tensor,
+        token_weights: torch.Tensor,
+        rows: torch.Tensor,
+        num_rows: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
+        device_type = hidden.device.type
+        dtype = (
+            torch.get_autocast_dtype(device_type)
+            if torch.is_autocast_enabled(device_type)
+            else hidden.dtype
+        )
+        grad_dtype = torch.float32 if dtype == torch.float16 else dtype
+        n, width = hidden.shape
+        vocab = weight.shape[0]
+        token_nll = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        grad_hidden = hidden.new_empty(n, width, dtype=torch.float32) if need_hidden else None
+        grad_weight = weight.new_zeros(vocab, width, dtype=torch.float32) if need_weight else None
+        grad_bias = weight.new_zeros(vocab, dtype=torch.float32) if need_bias else None
+        with torch.autocast(device_type, enabled=False):
+            compute_weight = weight.to(dtype)
+            compute_bias = None if bias is None else bias.to(dtype)
+            projection = weight.to(grad_dtype)
+            for start in range(0, n, LOGIT_CHUNK_ROWS):
+                end = min(start + LOGIT_CHUNK_ROWS, n)
+                chunk = hidden[start:end].to(dtype)
+                chunk_targets = targets[start:end, None]
+                logits = F.linear(chunk, compute_weight, compute_bias).float()
+                log_normalizer = torch.logsumexp(logits, dim=-1, keepdim=True)
+                token_nll[start:end] = (log_normalizer - logits.gather(1, chunk_targets))[:, 0]
+                if grad_hidden is None and grad_weight is None and grad_bias is None:
+                    continue
+                # d (weight_t * nll_t) / d logits_t = weight_t * (softmax_t - onehot_t)
+                grad_logits = logits.sub_(log_normalizer).exp_()
+                grad_logits.scatter_add_(
+                    1, chunk_targets, grad_logits.new_full(chunk_targets.shape, -1.0)
+                )
+                grad_logits.mul_(token_weights[start:end, None])
+                if grad_bias is not None:
+                    grad_bias += grad_logits.sum(dim=0)
+                grad_logits = grad_logits.to(grad_dtype)
+                if grad_hidden is not None:
+                    grad_hidden[start:end] = grad_logits @ projection
+                if grad_weight is not None:
+                    grad_weight += grad_logits.T @ chunk.to(grad_dtype)
+        ctx.grads = (grad_hidden, grad_weight, grad_bias)
+        ctx.rows = rows
+        ctx.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
+        zeros = token_nll.new_zeros(num_rows)
+        row_nll = zeros.index_add(0, rows, token_nll)
+        ctx.mark_non_differentiable(row_nll)
+        return zeros.index_add(0, rows, token_nll * token_weights), row_nll
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx: Any, grad_row_mean: torch.Tensor, _grad_row_nll: torch.Tensor
+    ) -> tuple[torch.Tensor | None, ...]:
+        grad_hidden, grad_weight, grad_bias = ctx.grads
+        hidden_dtype, weight_dtype, bias_dtype = ctx.dtypes
+        grad_row_mean = grad_row_mean.float()
+        # Weight gradients were summed over rows in the forward: only a common factor applies.
+        torch._assert_async(
+            (grad_row_mean == grad_row_mean[0]).all(),
+            "_ScoredCrossEntropy: rows must receive equal gradients (a loss over their mean)",
+        )
+        common = grad_row_mean[0]
+        return (
+            None
+            if grad_hidden is None
+            else (grad_hidden * grad_row_mean[ctx.rows, None]).to(hidden_dtype),
+            None if grad_weight is None else (grad_weight * common).to(weight_dtype),
+            None if grad_bias is None else (grad_bias * common).to(bias_dtype),
+            None,
+            None,
+            None,
+            None,
+        )
 
 
 #: The vocabulary projection's output width is padded to a multiple of this: GPT-2's 50,257 rows
@@ -171,26 +254,23 @@ def _chunk_nll(
 VOCAB_ALIGNMENT = 64
 
 
-def _aligned_projection(head: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
-    """``head`` as a function whose output is padded to ``VOCAB_ALIGNMENT`` columns.
+def _aligned_projection(head: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The linear ``head``'s weight and bias, the output padded to ``VOCAB_ALIGNMENT`` columns.
 
-    The extra columns have zero weights and a ``-inf`` bias, so they add nothing to any softmax:
-    the cross-entropy over the padded logits equals the one over the real ones. Heads other than
-    ``nn.Linear`` are used as they are.
+    The extra rows of the weight are zeros and their bias is ``-inf``, so they add nothing to any
+    softmax: the cross-entropy over the padded logits equals the one over the real ones.
     """
-    if not isinstance(head, torch.nn.Linear):
-        return head
-    weight: torch.Tensor = head.weight
-    bias: torch.Tensor | None = head.bias
+    weight = head.weight
+    bias = getattr(head, "bias", None)
+    assert isinstance(weight, torch.Tensor)
     vocab = weight.shape[0]
     extra = -vocab % VOCAB_ALIGNMENT
     if extra == 0:
-        return head
+        return weight, bias
     weight = F.pad(weight, (0, 0, 0, extra))
     masked = torch.zeros(vocab + extra, dtype=weight.dtype, device=weight.device)
     masked[vocab:] = float("-inf")
-    bias = masked if bias is None else F.pad(bias, (0, extra)) + masked
-    return functools.partial(F.linear, weight=weight, bias=bias)
+    return weight, masked if bias is None else F.pad(bias, (0, extra)) + masked
 
 
 def _fuse_tanh_gelu(model: torch.nn.Module) -> None:

@@ -8,10 +8,10 @@ along. :func:`gpt2_layers` builds that sequence from the modules of a
     Embeddings (wte, wpe, dropout) | Block 0 | ... | Block n-1 | Head (ln_f, LM head, token NLL)
 
 Every layer takes and returns ``(hidden, attention_mask, targets)``, except the first, which takes
-``(input_ids, attention_mask, targets)``, and the last, which returns ``(row_nll, num_tokens)``
-per row: the batch dimension survives to the end, so ``Pipe`` can cut a batch into micro-batches
-and concatenate the outputs. The loss is computed from those rows outside the pipe, exactly as
-``ModelWrapper.forward`` computes it.
+``(input_ids, attention_mask, targets)``, and the last, which returns ``(row_mean_nll, row_nll,
+num_tokens)`` per row: the batch dimension survives to the end, so ``Pipe`` can cut a batch into
+micro-batches and concatenate the outputs. The loss is computed from those rows outside the pipe,
+exactly as ``ModelWrapper.forward`` computes it.
 
 GPT-2 ties the LM head to the token embedding. The two ends of the pipe can be on different
 devices, so the head uses a :class:`TiedWeight` mirror on the last stage's device: its gradient
@@ -154,8 +154,9 @@ class Block(nn.Module):
 
 
 class Head(nn.Module):
-    """``(hidden, attention_mask, targets)`` → ``(row_nll, num_tokens)``: final norm, the
-    vocabulary projection at scored positions only, and each row's summed cross-entropy."""
+    """``(hidden, attention_mask, targets)`` → ``(row_mean_nll, row_nll, num_tokens)``: final
+    norm, the vocabulary projection at scored positions only, and each row's cross-entropy
+    (:func:`~tango_fairscale.model.scored_row_nll`)."""
 
     def __init__(self, ln_f: nn.Module, projection: nn.Module, precision: StagePrecision) -> None:
         super().__init__()

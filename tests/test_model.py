@@ -2,6 +2,8 @@
 
 * the vocabulary projection padded to ``VOCAB_ALIGNMENT`` columns (zero weights, ``-inf`` bias)
   gives the same logits, cross-entropy and gradients as the plain ``nn.Linear`` head;
+* the chunked cross-entropy that computes its gradients in the forward pass equals full-logits
+  cross-entropy in values and gradients (fp32; close under bf16 autocast);
 * GPT-2's ``gelu_new`` runs as one fused ``nn.GELU(approximate="tanh")`` and the wrapped model's
   hidden states match the unmodified Hugging Face model's.
 """
@@ -10,12 +12,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 from transformers.activations import NewGELUActivation
 
-from tango_fairscale.model import VOCAB_ALIGNMENT, ModelWrapper, _aligned_projection
+from tango_fairscale import model as model_module
+from tango_fairscale.model import VOCAB_ALIGNMENT, ModelWrapper, _aligned_projection, scored_row_nll
 
 
 def test_aligned_projection_equals_the_plain_head() -> None:
@@ -23,7 +27,7 @@ def test_aligned_projection_equals_the_plain_head() -> None:
     head = torch.nn.Linear(16, 100, bias=False)
     hidden = torch.randn(7, 16)
     targets = torch.randint(0, 100, (7,))
-    padded = _aligned_projection(head)(hidden)
+    padded = F.linear(hidden, *_aligned_projection(head))
     assert padded.shape == (7, 128) and 128 % VOCAB_ALIGNMENT == 0
     torch.testing.assert_close(padded[:, :100], head(hidden))
     assert torch.isneginf(padded[:, 100:]).all()
@@ -36,9 +40,11 @@ def test_aligned_projection_equals_the_plain_head() -> None:
     torch.testing.assert_close(grad, plain_grad)
 
     biased = torch.nn.Linear(16, 100)
-    torch.testing.assert_close(_aligned_projection(biased)(hidden)[:, :100], biased(hidden))
+    torch.testing.assert_close(
+        F.linear(hidden, *_aligned_projection(biased))[:, :100], biased(hidden)
+    )
     aligned = torch.nn.Linear(16, 128, bias=False)
-    assert _aligned_projection(aligned) is aligned
+    assert _aligned_projection(aligned) == (aligned.weight, None)
 
 
 def test_gelu_is_fused_and_the_model_computes_the_same(tiny_model_dir: Path) -> None:
@@ -51,3 +57,66 @@ def test_gelu_is_fused_and_the_model_computes_the_same(tiny_model_dir: Path) -> 
         ours = wrapper.model(ids).logits
         theirs = reference(ids).logits
     torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
+
+
+def _reference_row_losses(
+    head: torch.nn.Linear, hidden: torch.Tensor, targets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every position's logits, per-token cross-entropy, summed and averaged per row."""
+    token_nll = F.cross_entropy(
+        head(hidden).flatten(0, 1), targets.flatten(), reduction="none", ignore_index=-100
+    ).view(targets.shape)
+    row_nll = token_nll.sum(dim=1)
+    return row_nll / (targets != -100).sum(dim=1).clamp(min=1), row_nll
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_scored_row_nll_equals_full_logits_cross_entropy_in_values_and_gradients(
+    bias: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(model_module, "LOGIT_CHUNK_ROWS", 3)  # several chunks, a ragged last one
+    torch.manual_seed(0)
+    head = torch.nn.Linear(16, 100, bias=bias)
+    hidden = torch.randn(4, 6, 16, requires_grad=True)
+    targets = torch.randint(0, 100, (4, 6))
+    targets[0, :4] = -100
+    targets[2] = -100  # a row with nothing to score
+    targets[3, 1::2] = -100
+
+    row_mean, row_nll, num_tokens = scored_row_nll(head, hidden, targets)
+    ref_mean, ref_nll = _reference_row_losses(head, hidden, targets)
+    torch.testing.assert_close(row_mean, ref_mean)
+    torch.testing.assert_close(row_nll, ref_nll)
+    assert num_tokens.tolist() == [2, 6, 0, 3]
+    assert not row_nll.requires_grad
+
+    parameters = [hidden, *head.parameters()]
+    grads = torch.autograd.grad(3.0 * row_mean.mean(), parameters)
+    ref_grads = torch.autograd.grad(3.0 * ref_mean.mean(), parameters)
+    for grad, ref_grad in zip(grads, ref_grads):
+        torch.testing.assert_close(grad, ref_grad)
+
+
+def test_scored_row_nll_refuses_a_loss_that_weighs_rows_differently() -> None:
+    torch.manual_seed(0)
+    head = torch.nn.Linear(8, 50, bias=False)
+    hidden = torch.randn(2, 3, 8, requires_grad=True)
+    row_mean, _, _ = scored_row_nll(head, hidden, torch.randint(0, 50, (2, 3)))
+    with pytest.raises(RuntimeError, match="equal gradients"):
+        (row_mean * torch.tensor([1.0, 2.0])).sum().backward()
+
+
+def test_scored_row_nll_under_bf16_autocast_is_close_to_fp32() -> None:
+    torch.manual_seed(0)
+    head = torch.nn.Linear(32, 100, bias=False)
+    hidden = torch.randn(3, 5, 32, requires_grad=True)
+    targets = torch.randint(0, 100, (3, 5))
+    with torch.autocast("cpu", torch.bfloat16):
+        row_mean, _, _ = scored_row_nll(head, hidden, targets)
+    grads = torch.autograd.grad(row_mean.mean(), [hidden, head.weight])
+    ref_mean, _ = _reference_row_losses(head, hidden, targets)
+    ref_grads = torch.autograd.grad(ref_mean.mean(), [hidden, head.weight])
+    assert row_mean.dtype == torch.float32 and grads[1].dtype == torch.float32
+    torch.testing.assert_close(row_mean, ref_mean, rtol=2e-2, atol=2e-2)
+    for grad, ref_grad in zip(grads, ref_grads):
+        torch.testing.assert_close(grad, ref_grad, rtol=5e-2, atol=5e-3)

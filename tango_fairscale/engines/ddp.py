@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from tango.integrations.torch import Model, TrainingEngine
+from tango.common import Lazy
+from tango.common.exceptions import ConfigurationError
+from tango.integrations.torch import LRScheduler, Model, Optimizer, TrainConfig, TrainingEngine
 from torch.nn.parallel import DistributedDataParallel
 
 from ..model import ModelWrapper
+from ..wrapping import default_unit_patterns, select_modules
 from .base import Engine
 
 
@@ -15,16 +18,44 @@ class DDPEngine(Engine):
 
     Registered as a Tango ``TrainingEngine`` under the name ``"tango_fairscale::ddp"``. The baseline
     every sharded engine must reproduce. Fields: ``precision``, ``max_grad_norm`` (see
-    :class:`~tango_fairscale.engines.base.Engine`) and ``optimizer`` / ``lr_scheduler`` as in Tango.
+    :class:`~tango_fairscale.engines.base.Engine`), ``optimizer`` / ``lr_scheduler`` as in Tango,
+    and ``compile``: ``torch.compile`` each transformer block (the first steps take longer while
+    it compiles; then fewer, fused kernels).
 
     Example (Jsonnet)::
 
-        engine: {type: "tango_fairscale::ddp", precision: "bf16-mixed",
-                 optimizer: {type: "torch::AdamW", lr: 1e-5}}
+        engine: {type: "tango_fairscale::ddp", precision: "bf16-mixed", compile: true,
+                 optimizer: {type: "torch::AdamW", lr: 1e-5, fused: true}}
     """
+
+    def __init__(
+        self,
+        train_config: TrainConfig,
+        model: Model | Lazy[Model],
+        optimizer: Lazy[Optimizer],
+        *,
+        lr_scheduler: Lazy[LRScheduler] | None = None,
+        precision: str = "auto",
+        max_grad_norm: float | None = None,
+        compile: bool = False,
+    ) -> None:
+        if not isinstance(compile, bool):
+            raise ConfigurationError(f"compile must be true or false, got {compile!r}")
+        self.compile = compile
+        super().__init__(
+            train_config,
+            model,
+            optimizer,
+            lr_scheduler=lr_scheduler,
+            precision=precision,
+            max_grad_norm=max_grad_norm,
+        )
 
     def _wrap_model(self, model: ModelWrapper) -> Model:
         model = model.to(self.device)
+        if self.compile:
+            for name in select_modules(model, default_unit_patterns(model), "compile"):
+                model.get_submodule(name).compile()
         if not self.train_config.is_distributed:
             return model
         device_ids = [self.device] if self.device.type == "cuda" else None

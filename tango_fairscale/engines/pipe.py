@@ -76,8 +76,8 @@ class PipelinedModel(nn.Module):
             attention_mask[:, :-1].to(first),
             labels[:, 1:].to(first),
         )
-        row_nll, num_tokens = self.pipe(inputs)
-        return loss_outputs(row_nll.to(self.output_device), num_tokens.to(self.output_device))
+        outputs = self.pipe(inputs)
+        return loss_outputs(*(tensor.to(self.output_device) for tensor in outputs))
 
 
 @TrainingEngine.register("tango_fairscale::pipe")
