@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from tango.common import Lazy
-from tango.common.exceptions import ConfigurationError
 from tango.integrations.torch import LRScheduler, Model, Optimizer, TrainConfig, TrainingEngine
 from torch.nn.parallel import DistributedDataParallel
 
@@ -39,8 +38,6 @@ class DDPEngine(Engine):
         max_grad_norm: float | None = None,
         compile: bool = False,
     ) -> None:
-        if not isinstance(compile, bool):
-            raise ConfigurationError(f"compile must be true or false, got {compile!r}")
         self.compile = compile
         super().__init__(
             train_config,
