@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -26,9 +25,6 @@ from .engines.base import resolve_precision
 from .model import ModelWrapper
 
 Forward = Callable[[dict[str, torch.Tensor]], Mapping[str, torch.Tensor]]
-
-#: The predictions step tokenizes and scores examples in parts of this many.
-TOKENIZE_AHEAD_EXAMPLES = 512
 
 
 def score_queries(
@@ -241,37 +237,17 @@ class PiqaPredictionsStep(Step[list]):
                 f"scoring precision must be '32-true' or 'bf16-mixed', got {precision!r}"
             )
         model = model.to(device).eval()
+        queries = choice_queries(examples, model.tokenizer, model.max_length)
         autocast = torch.autocast(device.type, torch.bfloat16, enabled=resolved.mixed)
-        queries: list[Query] = []
-        scores: list[float] = []
-        # A worker thread tokenizes the next part while this one is scored (the tokenizer's Rust
-        # code runs without the GIL): tokenizing all of PIQA validation first took a third of
-        # the step on an H200.
-        parts = [
-            examples[start : start + TOKENIZE_AHEAD_EXAMPLES]
-            for start in range(0, len(examples), TOKENIZE_AHEAD_EXAMPLES)
-        ]
-        progress = Tqdm.tqdm(total=len(examples), desc="Scoring")
-        with ThreadPoolExecutor(max_workers=1) as tokenizer_thread:
-            tokenizing = [
-                tokenizer_thread.submit(choice_queries, part, model.tokenizer, model.max_length)
-                for part in parts
-            ]
-            for part, tokenized in zip(parts, tokenizing):
-                part_queries = tokenized.result()
-                with torch.inference_mode(), autocast:
-                    scores += score_queries(
-                        lambda batch: model(**batch),
-                        part_queries,
-                        batch_size=batch_size,
-                        pad_token_id=model.pad_token_id,
-                        device=device,
-                        max_batch_tokens=max_batch_tokens,
-                        progress=False,
-                    )
-                queries += part_queries
-                progress.update(len(part))
-        progress.close()
+        with torch.inference_mode(), autocast:
+            scores = score_queries(
+                lambda batch: model(**batch),
+                queries,
+                batch_size=batch_size,
+                pad_token_id=model.pad_token_id,
+                device=device,
+                max_batch_tokens=max_batch_tokens,
+            )
         return piqa_predictions(examples, queries, scores)
 
 
