@@ -192,7 +192,8 @@ class _ScoredCrossEntropy(torch.autograd.Function):
         with torch.autocast(device_type, enabled=False):
             compute_weight = weight.to(dtype)
             compute_bias = None if bias is None else bias.to(dtype)
-            projection = weight.to(grad_dtype)
+            # The compute-dtype copy serves the gradient products too, unless those run in fp32.
+            projection = compute_weight if grad_dtype == dtype else weight.to(grad_dtype)
             for start in range(0, n, LOGIT_CHUNK_ROWS):
                 end = min(start + LOGIT_CHUNK_ROWS, n)
                 chunk = hidden[start:end].to(dtype)
