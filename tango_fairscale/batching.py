@@ -82,10 +82,12 @@ def _token_ids(tokenizer: Any, texts: list[str]) -> list[list[int]]:
     if not texts:
         return []
     # A fast tokenizer's Rust backend directly: the same ids without the Python BatchEncoding
-    # around them (a quarter of the time on PIQA validation).
+    # around them (a quarter of the time on PIQA validation), and without character offsets
+    # (``encode_batch_fast``: a fifth less).
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None:
-        return [encoding.ids for encoding in backend.encode_batch(texts, add_special_tokens=False)]
+        encodings = backend.encode_batch_fast(texts, add_special_tokens=False)
+        return [encoding.ids for encoding in encodings]
     return tokenizer(texts, add_special_tokens=False)["input_ids"]
 
 

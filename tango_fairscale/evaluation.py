@@ -22,7 +22,7 @@ from tango.integrations.torch import Model
 
 from .batching import Query, choice_queries, collate, length_sorted_batches
 from .engines.base import resolve_precision
-from .model import ModelWrapper
+from .model import ModelWrapper, move_batch
 
 Forward = Callable[[dict[str, torch.Tensor]], Mapping[str, torch.Tensor]]
 
@@ -54,8 +54,7 @@ def score_queries(
             if index < len(batches)
             else filler
         )
-        batch = {name: tensor.to(device, non_blocking=True) for name, tensor in batch.items()}
-        loglikelihood = forward(batch)["loglikelihood"]
+        loglikelihood = forward(move_batch(batch, device))["loglikelihood"]
         if index < len(batches):
             results.append(loglikelihood.float())
     scores = [0.0] * len(queries)

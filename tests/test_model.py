@@ -120,3 +120,39 @@ def test_scored_row_nll_under_bf16_autocast_is_close_to_fp32() -> None:
     torch.testing.assert_close(row_mean, ref_mean, rtol=2e-2, atol=2e-2)
     for grad, ref_grad in zip(grads, ref_grads):
         torch.testing.assert_close(grad, ref_grad, rtol=5e-2, atol=5e-3)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled loss runs on GPUs")
+@pytest.mark.parametrize("labels_device", ["cpu", "cuda"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_scored_row_nll_on_a_gpu_equals_full_logits_cross_entropy(
+    labels_device: str, bias: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a GPU the chunk's cross-entropy and gradients run compiled; labels may stay on the CPU."""
+    monkeypatch.setattr(model_module, "LOGIT_CHUNK_ROWS", 5)  # full chunks and a ragged last one
+    torch.manual_seed(0)
+    head = torch.nn.Linear(16, 100, bias=bias, device="cuda")
+    hidden = torch.randn(4, 6, 16, device="cuda", requires_grad=True)
+    targets = torch.randint(0, 100, (4, 6))
+    targets[0, :4] = -100
+    targets[2] = -100
+    targets[3, 1::2] = -100
+
+    row_mean, row_nll, num_tokens = scored_row_nll(head, hidden, targets.to(labels_device))
+    ref_mean, ref_nll = _reference_row_losses(head, hidden, targets.cuda())
+    torch.testing.assert_close(row_mean, ref_mean)
+    torch.testing.assert_close(row_nll, ref_nll)
+    assert num_tokens.device.type == "cuda" and num_tokens.tolist() == [2, 6, 0, 3]
+
+    parameters = [hidden, *head.parameters()]
+    grads = torch.autograd.grad(3.0 * row_mean.mean(), parameters)
+    ref_grads = torch.autograd.grad(3.0 * ref_mean.mean(), parameters)
+    for grad, ref_grad in zip(grads, ref_grads):
+        torch.testing.assert_close(grad, ref_grad)
+
+    with torch.autocast("cuda", torch.bfloat16):
+        bf16_mean, _, _ = scored_row_nll(head, hidden, targets.to(labels_device))
+    bf16_grads = torch.autograd.grad(3.0 * bf16_mean.mean(), parameters)
+    torch.testing.assert_close(bf16_mean, ref_mean, rtol=2e-2, atol=2e-2)
+    for grad, ref_grad in zip(bf16_grads, ref_grads):
+        torch.testing.assert_close(grad, ref_grad, rtol=5e-2, atol=5e-3)

@@ -21,7 +21,7 @@ from tango.common import Lazy
 from tango.common.exceptions import ConfigurationError
 from tango.integrations.torch import LRScheduler, Model, Optimizer, TrainConfig, TrainingEngine
 
-from ..model import ModelWrapper
+from ..model import ModelWrapper, move_batch
 from ..wrapping import ShardingConfig
 
 logger = logging.getLogger(__name__)
@@ -197,13 +197,13 @@ class Engine(TrainingEngine):
             self.optimizer.zero_grad(set_to_none=True)
         if micro_batch_idx < num_micro_batches - 1:
             self._no_sync.enter_context(self._no_sync_context())
-        micro_batch = {k: v.to(self.device, non_blocking=True) for k, v in micro_batch.items()}
+        micro_batch = move_batch(micro_batch, self.device)
         with self._autocast():
             outputs = self.model(**micro_batch)
         return outputs["loss"] / num_micro_batches, outputs
 
     def forward_eval(self, batch: dict[str, Any]) -> dict[str, Any]:
-        batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+        batch = move_batch(batch, self.device)
         with torch.no_grad(), self._autocast():
             return self.model(**batch)
 
