@@ -27,7 +27,7 @@ Configurations are ``ENGINE-PRECISION[-MODIFIER...]``:
   (``bf16-true``).
 * MODIFIERS (sharded engines): ``root`` (no per-block units), ``ckpt`` (activation
   checkpointing of every unit), ``offload`` (CPU offload), ``noflat``, ``noreshard``; also for
-  ddp: ``compile`` (torch.compile per block; ddp and fsdp2), ``fused`` (fused AdamW).
+  ddp: ``compile`` (torch.compile per block), ``fused`` (fused AdamW).
 * MODIFIERS (pipe): ``cN`` (N chunks = micro-batches, default 4), ``ckpt-always`` /
   ``ckpt-never`` / ``ckpt-except_last`` (default), ``bA_B`` (A and B blocks per stage; default
   automatic by parameter count). A pipe's batch is the whole pipe's (B rows, cut into N
@@ -146,8 +146,6 @@ def parse_config(name: str) -> dict[str, Any]:
     sharding_only = [m for m in modifiers if m not in ENGINE_MODIFIERS]
     if engine == "ddp" and sharding_only:
         raise SystemExit(f"config {name!r}: {sharding_only} apply to sharded engines only")
-    if "compile" in modifiers and engine == "fairscale":
-        raise SystemExit(f"config {name!r}: 'compile' applies to 'ddp' and 'fsdp2' only")
     if "root" in modifiers and "ckpt" in modifiers:
         raise SystemExit(f"config {name!r}: 'ckpt' checkpoints the units, and 'root' has none")
     sharding: dict[str, Any] = {}
@@ -161,7 +159,7 @@ def parse_config(name: str) -> dict[str, Any]:
         sharding["flatten_parameters"] = False
     if "noreshard" in modifiers:
         sharding["reshard_after_forward"] = False
-    if "compile" in modifiers and engine == "fsdp2":
+    if "compile" in modifiers and engine in ("fairscale", "fsdp2"):
         sharding["compile"] = True
     return {
         "config": name,

@@ -32,7 +32,7 @@ class ShardingConfig(FromParams):
         one more all-gather in the backward pass).
     :param flatten_parameters: one flat parameter per unit (FairScale only; FSDP2 never flattens).
     :param cpu_offload: keep the sharded parameters and gradients in CPU memory.
-    :param compile: ``torch.compile`` each unit (FSDP2 only), after checkpointing, before sharding.
+    :param compile: ``torch.compile`` each unit, after checkpointing, before sharding.
     :param hybrid_shard: shard within each node and replicate across nodes (FSDP2 only): the
         all-gathers stay on the fast links inside a node; only gradients cross nodes. Nodes are
         the launcher's (``LOCAL_WORLD_SIZE`` processes each); one node shards over every process.

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 
+from tango_fairscale import evaluation
 from tango_fairscale.batching import Query, choice_queries, length_sorted_batches
 from tango_fairscale.data import read_piqa
 from tango_fairscale.evaluation import (
@@ -293,18 +294,23 @@ def test_validate_all_ranks_single_process_equals_score_queries_and_metrics(
     assert (result["acc"], result["acc_norm"]) == (lm_eval["acc"], lm_eval["acc_norm"])
 
 
-def test_predictions_step_scores_every_example(model: ModelWrapper, examples: list) -> None:
+@pytest.mark.parametrize("part", [512, 4], ids=["one-part", "parts-of-4"])
+def test_predictions_step_scores_every_example(
+    part: int, model: ModelWrapper, examples: list, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Also when the examples are tokenized and queued in parts (4, 4 and 2 of them here)."""
     from tango.common.dataset_dict import DatasetDict
     from tango.common.exceptions import ConfigurationError
 
-    dataset = DatasetDict(splits={"validation": examples[:6], "train": []})
+    monkeypatch.setattr(evaluation, "TOKENIZE_EXAMPLES", part)
+    dataset = DatasetDict(splits={"validation": examples[:10], "train": []})
     step = PiqaPredictionsStep()
     result = step.run(model=model, dataset_dict=dataset, split="validation", batch_size=4)
-    queries = choice_queries(examples[:6], model.tokenizer, model.max_length)
-    assert [p["index"] for p in result] == list(range(6))
+    queries = choice_queries(examples[:10], model.tokenizer, model.max_length)
+    assert [p["index"] for p in result] == list(range(10))
     assert [p["token_lengths"] for p in result] == [
         [queries[2 * i].continuation_length, queries[2 * i + 1].continuation_length]
-        for i in range(6)
+        for i in range(10)
     ]
     expected = [one_query_log_likelihood(model, q) for q in queries]
     got = [ll for p in result for ll in p["loglikelihoods"]]

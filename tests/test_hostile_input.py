@@ -161,14 +161,18 @@ def test_string_for_a_boolean_sharding_field(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("name", ["compile", "hybrid_shard"])
-def test_fsdp2_only_sharding_options_are_refused_by_fairscale(tmp_path: Path, name: str) -> None:
+def test_sharding_flags_must_be_booleans(name: str) -> None:
+    with pytest.raises(ConfigurationError) as err:
+        ShardingConfig(**{name: "yes"})  # type: ignore[arg-type]
+    one_line(err.value, f"sharding.{name} must be true or false, got 'yes'")
+
+
+def test_hybrid_shard_is_refused_by_fairscale(tmp_path: Path) -> None:
+    name = "hybrid_shard"
     engine = {"type": "tango_fairscale::fairscale", "sharding": {name: True}}
     with pytest.raises(ConfigurationError) as err:
         build_engine(engine, tmp_path)
     one_line(err.value, f"sharding.{name} is supported by the fsdp2 engine only; remove it or use")
-    with pytest.raises(ConfigurationError) as err:
-        ShardingConfig(**{name: "yes"})  # type: ignore[arg-type]
-    one_line(err.value, f"sharding.{name} must be true or false, got 'yes'")
 
 
 @pytest.mark.parametrize("name", ["modules_to_wrap", "activation_checkpointing"])

@@ -235,6 +235,10 @@ class Engine(TrainingEngine):
                     scale,
                     self.grad_scaler.get_scale(),
                 )
+        # Gradients are not needed again before the next step's first backward: free them now
+        # (less memory in validation; FairScale leaves sharded gradients on gathered parameters,
+        # which a compiled unit's next forward would refuse).
+        self.optimizer.zero_grad(set_to_none=True)
         if self.lr_scheduler is not None:
             self.lr_scheduler.step()
 

@@ -46,11 +46,11 @@ class FairScaleEngine(ShardedEngine):
                 "the fairscale engine keeps fp32 master weights; use 'bf16-mixed' instead of "
                 "'bf16-true' (or engine 'ddp' / 'fsdp2' for pure bf16)"
             )
-        for name in ("compile", "hybrid_shard"):
-            if getattr(self.sharding, name):
-                raise ConfigurationError(
-                    f"sharding.{name} is supported by the fsdp2 engine only; remove it or use fsdp2"
-                )
+        if self.sharding.hybrid_shard:
+            raise ConfigurationError(
+                "sharding.hybrid_shard is supported by the fsdp2 engine only; "
+                "remove it or use fsdp2"
+            )
 
     def _wrap_model(self, model: ModelWrapper) -> Model:
         compat.patch_fairscale_for_cpu()
@@ -63,11 +63,16 @@ class FairScaleEngine(ShardedEngine):
             if not parameter.untyped_storage().resizable():
                 parameter.data = parameter.data.clone()
         units, checkpointed = selected_units(model, config)
-        # Order: checkpointing inside sharding, innermost modules first.
+        # Order (as the fsdp2 engine): checkpointing, compilation, sharding; innermost first.
         for name in checkpointed:
             replace_module(model, name, checkpoint_wrapper(model.get_submodule(name)))
         for name in units:
-            replace_module(model, name, self._fsdp(model.get_submodule(name)))
+            unit = model.get_submodule(name)
+            if config.compile:
+                # Only the unit's own computation: FairScale's hooks and collectives live in the
+                # FSDP wrapper around it, which stays eager.
+                unit.compile()
+            replace_module(model, name, self._fsdp(unit))
         return self._fsdp(model)  # type: ignore[return-value]
 
     def _fsdp(self, module: torch.nn.Module) -> FSDP:

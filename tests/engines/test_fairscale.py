@@ -32,6 +32,18 @@ def test_fairscale_matches_ddp(
         )
 
 
+def test_compiled_checkpointed_units_match_ddp(
+    ddp_reference, tmp_path, tiny_model_dir, piqa_small
+) -> None:
+    """``compile: true`` (torch.compile per block, inside checkpointing and FairScale's wrapper)
+    changes speed, not results."""
+    sharding = {"compile": True, "activation_checkpointing": True}
+    trained = train_tiny(
+        tmp_path, tiny_model_dir, piqa_small, "tango_fairscale::fairscale", 2, sharding=sharding
+    )
+    assert_same_training(ddp_reference, trained.training_log, trained.state_dict())
+
+
 def test_one_process_matches_two(ddp_reference, tmp_path, tiny_model_dir, piqa_small) -> None:
     """The global batch does not depend on the world size, so neither does the trajectory."""
     trained = train_tiny(tmp_path, tiny_model_dir, piqa_small, "tango_fairscale::fairscale", 1)
