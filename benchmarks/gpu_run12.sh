@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Twelfth GPU call (kind nvidia-h200-x2), from the repository root, ending by 420 s:
+# Twelfth GPU call (kind nvidia-h200-x2, or nvidia-h200 with WORLD=1), from the repository root,
+# ending by 420 s:
 #   1. eval_speed.py, bf16 16384-token batches only, with the step tokenizing in parts of 512
 #      examples and in one part (A/B of TOKENIZE_EXAMPLES; run 11 measured the parts slower);
-#   2. issue 3's workload (PIQA, 124M, batch 16 per GPU, world size 2): ddp-fp32 against
+#   2. issue 3's workload (PIQA, 124M, batch 16 per GPU, world size WORLD, default 2): ddp-fp32 against
 #      fairscale-bf16-ckpt (the target) and the same with the new per-block compile.
 # Needs .whl/ and .gpudata/ carried; writes under $OUT. Set BENCH_COMMIT.
 set -u -o pipefail
@@ -22,9 +23,9 @@ for parts in 512 100000; do
 done
 
 budget=$(( $(left) - 10 ))
-echo "== train_speed --data piqa, world size 2, budget $budget s" | tee -a "$LOG"
+echo "== train_speed --data piqa, world size ${WORLD:-2}, budget $budget s" | tee -a "$LOG"
 timeout -k 10 "$budget" $PY benchmarks/train_speed.py "${TINY[@]}" --data piqa --piqa "$PIQA" \
-  --tokenizer "$TOK" --world-size 2 \
+  --tokenizer "$TOK" --world-size "${WORLD:-2}" \
   --plan 124m:ddp-fp32,fairscale-bf16-ckpt,fairscale-bf16-ckpt-compile,fairscale-bf16-compile \
   --batch-size 16 --warmup 6 --steps 12 --compare-to ddp-fp32 --target fairscale-bf16-ckpt \
   --config-timeout 90 --budget-s $(( budget - 10 )) --out "$OUT/train_speed_piqa.json" \
