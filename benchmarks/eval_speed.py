@@ -69,12 +69,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--budget-batch-size", type=int, default=4096)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--tokenize-examples",
-        type=int,
-        default=None,
-        help="the scoring step's TOKENIZE_EXAMPLES (examples tokenized per part; default: its own)",
-    )
-    parser.add_argument(
         "--budget-s", type=float, default=None, help="skip repeats and sections past this"
     )
     parser.add_argument("--commit", default=None, help="code commit (default BENCH_COMMIT / git)")
@@ -162,7 +156,6 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from tango.common.dataset_dict import DatasetDict
 
-    from tango_fairscale import evaluation
     from tango_fairscale.batching import choice_queries, collate, length_sorted_batches
     from tango_fairscale.data import read_piqa
     from tango_fairscale.evaluation import (
@@ -178,8 +171,6 @@ def main(argv: list[str] | None = None) -> int:
     def over_budget(reserve: float = 0.0) -> bool:
         return args.budget_s is not None and time.perf_counter() - started + reserve > args.budget_s
 
-    if args.tokenize_examples is not None:
-        evaluation.TOKENIZE_EXAMPLES = args.tokenize_examples
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     clock = Clock(device)
     batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b]

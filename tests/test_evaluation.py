@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 import torch
 
-from tango_fairscale import evaluation
 from tango_fairscale.batching import Query, choice_queries, length_sorted_batches
 from tango_fairscale.data import read_piqa
 from tango_fairscale.evaluation import (
@@ -294,15 +293,10 @@ def test_validate_all_ranks_single_process_equals_score_queries_and_metrics(
     assert (result["acc"], result["acc_norm"]) == (lm_eval["acc"], lm_eval["acc_norm"])
 
 
-@pytest.mark.parametrize("part", [512, 4], ids=["one-part", "parts-of-4"])
-def test_predictions_step_scores_every_example(
-    part: int, model: ModelWrapper, examples: list, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Also when the examples are tokenized and queued in parts (4, 4 and 2 of them here)."""
+def test_predictions_step_scores_every_example(model: ModelWrapper, examples: list) -> None:
     from tango.common.dataset_dict import DatasetDict
     from tango.common.exceptions import ConfigurationError
 
-    monkeypatch.setattr(evaluation, "TOKENIZE_EXAMPLES", part)
     dataset = DatasetDict(splits={"validation": examples[:10], "train": []})
     step = PiqaPredictionsStep()
     result = step.run(model=model, dataset_dict=dataset, split="validation", batch_size=4)
