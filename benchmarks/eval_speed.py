@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     def run_scores(bs: int) -> list[float]:
-        with torch.inference_mode():
+        with torch.no_grad():
             return score_queries(
                 forward, queries, batch_size=bs, pad_token_id=model.pad_token_id,
                 device=device, progress=False,
@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         ]
 
     def run_forwards(batches: list[dict[str, torch.Tensor]]) -> None:
-        with torch.inference_mode():
+        with torch.no_grad():
             for batch in batches:
                 model(**batch)
 

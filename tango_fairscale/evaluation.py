@@ -255,7 +255,9 @@ class PiqaPredictionsStep(Step[list]):
         # slower on an H200 (14.6k vs 17.3k queries/s: eval_speed_parts*_h200_run13.md).
         queries = choice_queries(examples, model.tokenizer, model.max_length)
         autocast = torch.autocast(device.type, torch.bfloat16, enabled=resolved.mixed)
-        with torch.inference_mode(), autocast:
+        # no_grad, not inference_mode: under inference_mode autocast re-casts every weight in
+        # every forward (its cache of casts only serves tensors that require gradients).
+        with torch.no_grad(), autocast:
             scores = score_queries(
                 lambda batch: model(**batch),
                 queries,

@@ -289,11 +289,12 @@ def _chunk_cross_entropy(
     and, if ``need_bias``, its fp32 sum over rows; else those are ``None``.
     """
     logits = logits.float()
+    if token_weights is None:
+        # One fused log-softmax pass (logsumexp alone makes four passes over the logits).
+        return F.cross_entropy(logits, targets, reduction="none"), None, None
     targets = targets[:, None]
     log_normalizer = torch.logsumexp(logits, dim=-1, keepdim=True)
     nll = (log_normalizer - logits.gather(1, targets))[:, 0]
-    if token_weights is None:
-        return nll, None, None
     # d (weight_t * nll_t) / d logits_t = weight_t * (softmax_t - onehot_t), computed in place.
     grad_logits = logits.sub_(log_normalizer).exp_()
     grad_logits.scatter_add_(1, targets, grad_logits.new_full(targets.shape, -1.0))

@@ -143,6 +143,8 @@ def test_scored_row_nll_on_a_gpu_equals_full_logits_cross_entropy(
     torch.testing.assert_close(row_mean, ref_mean)
     torch.testing.assert_close(row_nll, ref_nll)
     assert num_tokens.device.type == "cuda" and num_tokens.tolist() == [2, 6, 0, 3]
+    with torch.no_grad():  # scoring: no gradients, another code path
+        torch.testing.assert_close(scored_row_nll(head, hidden, targets)[1], ref_nll)
 
     parameters = [hidden, *head.parameters()]
     grads = torch.autograd.grad(3.0 * row_mean.mean(), parameters)
