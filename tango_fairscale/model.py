@@ -219,6 +219,8 @@ class _ScoredCrossEntropy(torch.autograd.Function):
             if need_grads and device_type == "cuda"
             else _chunk_cross_entropy
         )
+        # Scoring on a GPU in low precision: the GEMM writes fp32 logits itself.
+        float_logits = not need_grads and device_type == "cuda" and dtype != torch.float32
         with torch.autocast(device_type, enabled=False):
             compute_weight = weight.to(dtype)
             compute_bias = None if bias is None else bias.to(dtype)
@@ -228,7 +230,7 @@ class _ScoredCrossEntropy(torch.autograd.Function):
                 end = min(start + LOGIT_CHUNK_ROWS, n)
                 chunk = hidden[start:end].to(dtype)
                 token_nll[start:end], grad_logits, chunk_grad_bias = chunk_cross_entropy(
-                    F.linear(chunk, compute_weight, compute_bias),
+                    _project(chunk, compute_weight, compute_bias, float_logits),
                     targets[start:end],
                     token_weights[start:end] if need_grads else None,
                     grad_dtype,
@@ -274,6 +276,18 @@ class _ScoredCrossEntropy(torch.autograd.Function):
             None,
             None,
         )
+
+
+def _project(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, float_output: bool
+) -> torch.Tensor:
+    """``hidden @ weight.T + bias``; with ``float_output`` (CUDA) written in fp32 by the GEMM
+    itself, which saves a pass over the logits converting them."""
+    if not float_output:
+        return F.linear(hidden, weight, bias)
+    if bias is None:
+        return torch.mm(hidden, weight.T, out_dtype=torch.float32)
+    return torch.addmm(bias.float(), hidden, weight.T, out_dtype=torch.float32)
 
 
 def _chunk_cross_entropy(

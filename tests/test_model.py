@@ -156,5 +156,8 @@ def test_scored_row_nll_on_a_gpu_equals_full_logits_cross_entropy(
         bf16_mean, _, _ = scored_row_nll(head, hidden, targets.to(labels_device))
     bf16_grads = torch.autograd.grad(3.0 * bf16_mean.mean(), parameters)
     torch.testing.assert_close(bf16_mean, ref_mean, rtol=2e-2, atol=2e-2)
+    with torch.no_grad(), torch.autocast("cuda", torch.bfloat16):  # fp32 logits from the GEMM
+        bf16_nll = scored_row_nll(head, hidden, targets.to(labels_device))[1]
+    torch.testing.assert_close(bf16_nll, ref_nll, rtol=2e-2, atol=2e-2)
     for grad, ref_grad in zip(bf16_grads, ref_grads):
         torch.testing.assert_close(grad, ref_grad, rtol=5e-2, atol=5e-3)
