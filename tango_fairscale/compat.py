@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import inspect
 from collections.abc import Iterator
@@ -302,3 +303,29 @@ def load_local_state_dict(model: Any, state: dict) -> None:
     for instance in get_fsdp_instances(model):  # the root first: it tells the others they are not
         instance._lazy_init()
     model.load_local_state_dict(state)
+
+
+# --- transformers 5 ----------------------------------------------------------------------------
+#
+# 8. Without an attention mask, transformers 5 looks for packed sequences in every forward
+#    (``masking_utils.find_packed_sequence_indices``: ``(mask[:, -1] == 0).all()`` read on the
+#    host), which makes the CPU wait for the GPU once per forward and leaves the GPU idle while
+#    Python launches the rest of it. Rows of :class:`~tango_fairscale.model.ModelWrapper`'s
+#    batches are never packed (one right-padded sequence per row, positions from 0), so
+#    :func:`unpacked_sequences` answers "not packed" without looking, for the duration of a call.
+
+
+@contextlib.contextmanager
+def unpacked_sequences() -> Iterator[None]:
+    """Within the block, transformers treats every row as one sequence (fix 8)."""
+    from transformers import masking_utils
+
+    detect = getattr(masking_utils, "find_packed_sequence_indices", None)
+    if detect is None:  # another transformers: nothing to skip
+        yield
+        return
+    masking_utils.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        masking_utils.find_packed_sequence_indices = detect

@@ -17,6 +17,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from transformers.activations import NewGELUActivation
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
+from . import compat
 from .batching import IGNORE_INDEX
 
 logger = logging.getLogger(__name__)
@@ -109,9 +110,10 @@ class ModelWrapper(Model):
         # No key/value cache: it costs memory, and activation checkpointing would replay a
         # forward into the same cache object and double its length.
         del attention_mask
-        hidden = self.model.base_model(
-            input_ids=input_ids[:, :-1], use_cache=False
-        ).last_hidden_state
+        with compat.unpacked_sequences():  # no host read of a GPU tensor per forward
+            hidden = self.model.base_model(
+                input_ids=input_ids[:, :-1], use_cache=False
+            ).last_hidden_state
         head = self.model.get_output_embeddings()
         return loss_outputs(*scored_row_nll(head, hidden, labels[:, 1:]))
 

@@ -161,3 +161,32 @@ def test_scored_row_nll_on_a_gpu_equals_full_logits_cross_entropy(
     torch.testing.assert_close(bf16_nll, ref_nll, rtol=2e-2, atol=2e-2)
     for grad, ref_grad in zip(bf16_grads, ref_grads):
         torch.testing.assert_close(grad, ref_grad, rtol=5e-2, atol=5e-3)
+
+
+def test_forward_reads_no_tensor_on_the_host(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No ``bool(tensor)`` in the forward (transformers' packed-sequence check made one per
+    forward: a GPU wait); the check is back in place afterwards."""
+    from transformers import masking_utils
+
+    from tango_fairscale.batching import Query, collate
+
+    wrapper = ModelWrapper(str(tiny_model_dir)).eval()
+    batch = collate([Query(tuple(range(10, 30)), 5), Query(tuple(range(10, 22)), 3)], 50256)
+    detect = masking_utils.find_packed_sequence_indices
+    host_reads = []
+    as_bool = torch.Tensor.__bool__
+
+    def recording_bool(tensor: torch.Tensor) -> bool:
+        host_reads.append(tensor.shape)
+        return as_bool(tensor)
+
+    monkeypatch.setattr(torch.Tensor, "__bool__", recording_bool)
+    with torch.no_grad():
+        wrapper(**batch)
+    assert host_reads == []
+    assert masking_utils.find_packed_sequence_indices is detect
+    with torch.no_grad():  # the check this guards against is real: it reads a tensor
+        wrapper.model.base_model(input_ids=batch["input_ids"], use_cache=False)
+    assert host_reads
