@@ -213,8 +213,9 @@ class _ScoredCrossEntropy(torch.autograd.Function):
         grad_hidden = hidden.new_empty(n, width, dtype=torch.float32) if need_hidden else None
         grad_weight = weight.new_zeros(vocab, width, dtype=torch.float32) if need_weight else None
         grad_bias = weight.new_zeros(vocab, dtype=torch.float32) if need_bias else None
-        # Fused into one kernel on GPUs (it is memory-bound: eager, the logits' passes cost ~10 %
-        # of a 124M training step on an H200); compiling would cost more than it saves in scoring.
+        # Compiled on GPUs when training (memory-bound passes over the logits fused into a few
+        # kernels: eager, they cost ~10 % of a 124M step on an H200); scoring stays eager, where
+        # a compilation per process would cost more than it saves.
         need_grads = need_hidden or need_weight or need_bias
         chunk_cross_entropy = (
             _compiled_chunk_cross_entropy()
