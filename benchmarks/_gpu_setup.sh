@@ -45,3 +45,23 @@ print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch
       "| fairscale", fairscale.__version__, "| tango", tango.version.VERSION)
 EOF
 echo "== setup done after $(elapsed) s"
+
+# The GPU-only tests of the loss: gpu_tests FILE...
+gpu_tests() {
+  echo "== GPU tests" | tee -a "$LOG"
+  TANGO_FAIRSCALE_SHARED_DATA=.gpudata timeout -k 10 100 $PY -m pytest -q -p no:cacheprovider \
+    "$@" 2>&1 | tail -2 | tee -a "$LOG"
+}
+
+# eval_speed.py as every evaluation call since gpu_run8.sh runs it (124M; the step path at batch
+# 128; token budgets 8192-32768 in fp32 and bf16-mixed; tokenizer thread pool on):
+# eval_speed_standard NAME writes $OUT/NAME.json and .md.
+eval_speed_standard() {
+  echo "== eval_speed" | tee -a "$LOG"
+  TOKENIZERS_PARALLELISM=true timeout -k 10 120 $PY benchmarks/eval_speed.py "${TINY[@]}" \
+    --piqa "$PIQA" --tokenizer "$TOK" --shape 124m --batch-sizes 128 --single-queries 50 \
+    --repeats 5 --variants fp32 --token-budgets 8192,16384,32768 --budget-batch-size 4096 \
+    --budget-s 100 --out "$OUT/$1.json" >>"$LOG" 2>&1
+  echo "== rc=$? after $(elapsed) s"
+  cat "$OUT/$1.md"
+}

@@ -9,17 +9,9 @@ DEFAULT_TOTAL_S=240
 # shellcheck source=benchmarks/_gpu_setup.sh
 source benchmarks/_gpu_setup.sh
 
-echo "== GPU tests" | tee -a "$LOG"
-TANGO_FAIRSCALE_SHARED_DATA=.gpudata timeout -k 10 60 $PY -m pytest -q -p no:cacheprovider \
-  tests/test_model.py 2>&1 | tail -2 | tee -a "$LOG"
+gpu_tests tests/test_model.py
 
-echo "== eval_speed" | tee -a "$LOG"
-TOKENIZERS_PARALLELISM=true timeout -k 10 120 $PY benchmarks/eval_speed.py "${TINY[@]}" \
-  --piqa "$PIQA" --tokenizer "$TOK" --shape 124m --batch-sizes 128 --single-queries 50 \
-  --repeats 5 --variants fp32 --token-budgets 8192,16384,32768 --budget-batch-size 4096 \
-  --budget-s 100 --out "$OUT/eval_speed.json" >>"$LOG" 2>&1
-echo "== rc=$? after $(elapsed) s"
-cat "$OUT/eval_speed.md"
+eval_speed_standard eval_speed
 
 echo "== eval_profile" | tee -a "$LOG"
 TOKENIZERS_PARALLELISM=true timeout -k 10 $(( $(left) - 5 )) $PY benchmarks/eval_profile.py \

@@ -9,9 +9,7 @@ DEFAULT_TOTAL_S=260
 # shellcheck source=benchmarks/_gpu_setup.sh
 source benchmarks/_gpu_setup.sh
 
-echo "== GPU tests" | tee -a "$LOG"
-TANGO_FAIRSCALE_SHARED_DATA=.gpudata timeout -k 10 60 $PY -m pytest -q -p no:cacheprovider \
-  tests/test_model.py 2>&1 | tail -2 | tee -a "$LOG"
+gpu_tests tests/test_model.py
 
 echo "== eval_speed" | tee -a "$LOG"
 TOKENIZERS_PARALLELISM=true timeout -k 10 100 $PY benchmarks/eval_speed.py "${TINY[@]}" \
