@@ -55,6 +55,7 @@ def score_queries(
     filler = [Query((pad_token_id, pad_token_id), 1)]  # any tokens serve
     results = []
     queued: collections.deque[tuple[Any, int]] = collections.deque()  # (done event, rows)
+    depth = QUEUED_FORWARDS if device.type == "cuda" else 0  # a CPU forward is done on return
     bar = Tqdm.tqdm(total=len(queries), desc="Scoring", unit="query", disable=not progress)
     for index in range(max(num_forwards or 0, len(batches))):
         rows = [queries[i] for i in batches[index]] if index < len(batches) else filler
@@ -65,10 +66,10 @@ def score_queries(
         if done is not None:
             done.record()
         queued.append((done, len(rows) if index < len(batches) else 0))
-        while len(queued) > (QUEUED_FORWARDS if done is not None else 0):
-            done, num_rows = queued.popleft()
-            if done is not None:
-                done.synchronize()
+        while len(queued) > depth:
+            oldest, num_rows = queued.popleft()
+            if oldest is not None:
+                oldest.synchronize()
             bar.update(num_rows)
     values = torch.cat(results).cpu().tolist() if results else []
     bar.update(sum(num_rows for _, num_rows in queued))
