@@ -38,6 +38,9 @@ class DDPEngine(Engine):
         max_grad_norm: float | None = None,
         compile: bool = False,
     ) -> None:
+        # The base engine's fields are restated, not taken as ``**kwargs``: with ``**kwargs``
+        # Tango hands unknown config keys through, and a typo would end in a TypeError instead
+        # of the one-line "did you mean ..." error (tests/test_hostile_input.py).
         self.compile = compile
         super().__init__(
             train_config,
