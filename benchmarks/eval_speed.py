@@ -6,7 +6,7 @@ measures, after a warm-up pass:
 
 * **step path**: ``PiqaPredictionsStep().run(model, dataset_dict, "validation", batch_size)``, the
   ``tango_fairscale::piqa_predictions`` step's own code (tokenize with ``choice_queries``, then
-  ``score_queries``: length-sorted right-padded batches, one forward each), at each
+  ``score_queries``: length-sorted packed batches, one forward each), at each
   ``--batch-sizes``; wall time and queries/s (the fastest of ``--repeats``, first run also kept);
 * its parts: ``choice_queries`` alone (tokenization), ``score_queries`` on pre-tokenized queries
   (collate + copy + forward + ``.cpu()``), and the forwards alone on pre-collated batches already
@@ -19,8 +19,10 @@ measures, after a warm-up pass:
   ``acc`` / ``acc_norm`` (and how many examples' predictions change);
 * **token budgets**: the step path with ``batch_size`` ``--budget-batch-size`` and each
   ``--token-budgets`` value as ``max_batch_tokens`` (at most that many padded tokens per forward),
-  at ``32-true`` and ``bf16-mixed`` (the step's own ``precision``), and tokenization with the
-  tokenizer's thread pool on (``TOKENIZERS_PARALLELISM=true``) against off.
+  at ``32-true`` and ``bf16-mixed`` (the step's own ``precision``), for each ``--layouts``:
+  ``packed`` (the step's own: queries end to end, a shared context once) and ``padded``
+  (right-padded rows, the step with packing switched off: the same-run baseline); and
+  tokenization with the tokenizer's thread pool on (``TOKENIZERS_PARALLELISM=true``) against off.
 
 The issue's target is 20,000 queries/s for 124M; the report states the gap.
 
@@ -67,6 +69,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--token-budgets", default="8192,16384,32768,65536")
     parser.add_argument("--budget-batch-size", type=int, default=4096)
+    parser.add_argument(
+        "--layouts", default="packed,padded", help="batch layouts of the token-budget section"
+    )
+    parser.add_argument(
+        "--packed-row-tokens",
+        type=int,
+        default=None,
+        help="override tango_fairscale.batching.PACKED_ROW_TOKENS (tokens per packed row)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--budget-s", type=float, default=None, help="skip repeats and sections past this"
@@ -115,6 +126,46 @@ class Clock:
 
 
 @contextlib.contextmanager
+def layout_context(layout: str) -> Iterator[None]:
+    """``packed``: as the step runs; ``padded``: the model reports no support for packing."""
+    from unittest import mock
+
+    from tango_fairscale.model import ModelWrapper
+
+    if layout == "packed":
+        yield
+    elif layout == "padded":
+        with mock.patch.object(ModelWrapper, "supports_packing", new=False):
+            yield
+    else:
+        raise SystemExit(f"unknown layout {layout!r}; use packed or padded")
+
+
+def batch_layout(
+    queries: list[Any], batch_size: int, budget: int | None, packed: bool, pad_token_id: int
+) -> dict[str, Any]:
+    """Forwards, positions fed to the model and the padding among them, as scoring builds them."""
+    from tango_fairscale.batching import collate, packed_batch, scoring_batches
+    from tango_fairscale.evaluation import SCORING_WIDTH_MULTIPLE
+
+    batches = scoring_batches(queries, batch_size, budget, packed)
+    fed = real = 0
+    for indices in batches:
+        rows = [queries[i] for i in indices]
+        if packed:
+            mask = packed_batch(rows, pad_token_id, SCORING_WIDTH_MULTIPLE)["attention_mask"]
+        else:
+            mask = collate(rows, pad_token_id)["attention_mask"][:, :-1]
+        fed += mask.numel()
+        real += int(mask.sum())
+    return {
+        "num_forwards": len(batches),
+        "positions_fed": fed,
+        "padding_fraction": round(1 - real / fed, 4),
+    }
+
+
+@contextlib.contextmanager
 def variant_context(name: str, device: Any) -> Iterator[None]:
     """fp32 as is; tf32 matmuls; or bf16 autocast around everything inside."""
     import torch
@@ -156,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from tango.common.dataset_dict import DatasetDict
 
-    from tango_fairscale.batching import choice_queries, collate, length_sorted_batches
+    from tango_fairscale.batching import choice_queries, collate, packed_batch, scoring_batches
     from tango_fairscale.data import read_piqa
     from tango_fairscale.evaluation import (
         PiqaPredictionsStep,
@@ -164,13 +215,17 @@ def main(argv: list[str] | None = None) -> int:
         piqa_predictions,
         score_queries,
     )
-    from tango_fairscale.model import ModelWrapper
+    from tango_fairscale.model import ModelWrapper, move_batch
 
     started = time.perf_counter()
 
     def over_budget(reserve: float = 0.0) -> bool:
         return args.budget_s is not None and time.perf_counter() - started + reserve > args.budget_s
 
+    from tango_fairscale import batching
+
+    if args.packed_row_tokens is not None:
+        batching.PACKED_ROW_TOKENS = args.packed_row_tokens
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     clock = Clock(device)
     batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b]
@@ -234,12 +289,14 @@ def main(argv: list[str] | None = None) -> int:
         "warm_s": round(tokenize_s, 4),
         "queries_per_s_warm": round(n / tokenize_s, 1),
     }
+    packed = model.supports_packing
+    report["data"]["packed"] = packed
+    report["data"]["packed_row_tokens"] = batching.PACKED_ROW_TOKENS
     for bs in batch_sizes:
-        batches = length_sorted_batches(queries, bs)
-        padded = sum(len(b) * max(lengths[i] for i in b) for b in batches)
-        report["data"].setdefault("padding_fraction_by_batch_size", {})[str(bs)] = round(
-            1 - sum(lengths) / padded, 4
-        )
+        layout = batch_layout(queries, bs, None, packed, model.pad_token_id)
+        report["data"].setdefault("padding_fraction_by_batch_size", {})[str(bs)] = layout[
+            "padding_fraction"
+        ]
 
     def forward(batch: dict[str, torch.Tensor]) -> Any:
         return model(**batch)
@@ -253,16 +310,14 @@ def main(argv: list[str] | None = None) -> int:
         with torch.no_grad():
             return score_queries(
                 forward, queries, batch_size=bs, pad_token_id=model.pad_token_id,
-                device=device, progress=False,
+                device=device, packed=packed, progress=False,
             )  # fmt: skip
 
     def on_device_batches(bs: int) -> list[dict[str, torch.Tensor]]:
+        make = packed_batch if packed else collate
         return [
-            {
-                k: v.to(device)
-                for k, v in collate([queries[i] for i in b], model.pad_token_id).items()
-            }
-            for b in length_sorted_batches(queries, bs)
+            move_batch(make([queries[i] for i in b], model.pad_token_id), device)
+            for b in scoring_batches(queries, bs, packed=packed)
         ]
 
     def run_forwards(batches: list[dict[str, torch.Tensor]]) -> None:
@@ -278,7 +333,10 @@ def main(argv: list[str] | None = None) -> int:
     reference: list[float] | None = None
     report["batch_sizes"] = []
     for bs in batch_sizes:
-        entry: dict[str, Any] = {"batch_size": bs, "num_forwards": -(-n // bs)}
+        entry: dict[str, Any] = {
+            "batch_size": bs,
+            "num_forwards": len(scoring_batches(queries, bs, packed=packed)),
+        }
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         step_times = []
@@ -379,36 +437,45 @@ def main(argv: list[str] | None = None) -> int:
         save()
     # --- (d) token budgets, through the step's own precision ---------------------------------
     report["token_budgets"] = []
+    layouts = [layout for layout in args.layouts.split(",") if layout]
     for precision in ("32-true", "bf16-mixed"):
         for budget in [int(b) for b in args.token_budgets.split(",") if b]:
-            if over_budget(reserve=10):
-                report["notes"].append(f"token budget {budget} {precision} skipped (budget)")
-                continue
-            entry = measure_budget(
-                lambda budget=budget, precision=precision: PiqaPredictionsStep().run(
-                    model=model,
-                    dataset_dict=dataset_dict,
-                    batch_size=args.budget_batch_size,
-                    max_batch_tokens=budget,
+            for layout in layouts:
+                if over_budget(reserve=10):
+                    report["notes"].append(
+                        f"token budget {budget} {precision} {layout} skipped (budget)"
+                    )
+                    continue
+                with layout_context(layout):
+                    entry = measure_budget(
+                        lambda budget=budget, precision=precision: PiqaPredictionsStep().run(
+                            model=model,
+                            dataset_dict=dataset_dict,
+                            batch_size=args.budget_batch_size,
+                            max_batch_tokens=budget,
+                            precision=precision,
+                        ),
+                        clock,
+                        max(1, args.repeats),
+                    )
+                scores = entry.pop("scores")
+                entry.update(
                     precision=precision,
-                ),
-                clock,
-                max(1, args.repeats),
-            )
-            batches = length_sorted_batches(queries, args.budget_batch_size, budget)
-            padded = sum(len(b) * lengths[b[0]] for b in batches)
-            scores = entry.pop("scores")
-            entry.update(
-                precision=precision,
-                max_batch_tokens=budget,
-                num_forwards=len(batches),
-                padding_fraction=round(1 - sum(lengths) / padded, 4),
-                step_queries_per_s=round(n / entry["step_s"], 1),
-                max_abs_diff_vs_fp32=max(abs(a - b) for a, b in zip(scores, reference)),
-            )
-            report["token_budgets"].append(entry)
-            print(f"=== budget {budget} {precision}: {entry}", flush=True)
-            save()
+                    max_batch_tokens=budget,
+                    layout=layout,
+                    **batch_layout(
+                        queries,
+                        args.budget_batch_size,
+                        budget,
+                        layout == "packed",
+                        model.pad_token_id,
+                    ),
+                    step_queries_per_s=round(n / entry["step_s"], 1),
+                    max_abs_diff_vs_fp32=max(abs(a - b) for a, b in zip(scores, reference)),
+                )
+                report["token_budgets"].append(entry)
+                print(f"=== budget {budget} {precision} {layout}: {entry}", flush=True)
+                save()
     import os
 
     threads = {}
@@ -557,15 +624,20 @@ def markdown(report: dict[str, Any]) -> str:
         lines += [
             "",
             f"## Token budgets (step path, batch_size {report['settings']['budget_batch_size']}, "
-            "`max_batch_tokens`)",
+            f"`max_batch_tokens`; packed rows of {data.get('packed_row_tokens')} tokens)",
             "",
-            "| precision | max_batch_tokens | forwards | pad % | step s | step q/s | "
-            "max abs diff vs fp32 | acc | acc_norm |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "`packed`: the step's layout (queries end to end, a shared context once); `padded`: "
+            "right-padded rows (packing switched off), the same-run baseline. `positions`: "
+            "positions fed to the model over all forwards.",
+            "",
+            "| precision | max_batch_tokens | layout | forwards | positions | pad % | step s "
+            "| step q/s | max abs diff vs fp32 | acc | acc_norm |",
+            "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for b in budgets:
             lines.append(
-                f"| {b['precision']} | {b['max_batch_tokens']} | {b['num_forwards']} "
+                f"| {b['precision']} | {b['max_batch_tokens']} | {b.get('layout', 'padded')} "
+                f"| {b['num_forwards']} | {b.get('positions_fed', 0):,} "
                 f"| {100 * b['padding_fraction']:.1f} | {b['step_s']:.3f} "
                 f"| {b['step_queries_per_s']:,.0f} | {b['max_abs_diff_vs_fp32']:.3g} "
                 f"| {b['acc']:.4f} | {b['acc_norm']:.4f} |"

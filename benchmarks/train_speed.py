@@ -13,9 +13,10 @@ Data (``--data``):
 * ``piqa``: real PIQA training examples, built as the training step builds them: the
   ``BatchSchedule`` of ``tango_fairscale.train`` (global batch ``batch_size x world_size``, rank
   ``r`` takes the ``r``-th slice), ``training_queries`` (correct answer only) tokenized before the
-  timed loop and ``collate`` (right padding) inside it. Every configuration of one world size sees
-  the same batches. Reported: real (non-pad) tokens/s, padded tokens/s (``B x width``), padding
-  fraction, and peak memory per GPU.
+  timed loop and ``training_batch`` inside it: packed rows where the engine takes them (every
+  engine but ``pipe``), else right-padded ones. Every configuration of one world size sees the
+  same examples. Reported: real (non-pad) tokens/s, tokens/s of all positions fed to the model
+  (``rows x positions``), padding fraction, and peak memory per GPU.
 
 Configurations are ``ENGINE-PRECISION[-MODIFIER...]``:
 
@@ -27,7 +28,8 @@ Configurations are ``ENGINE-PRECISION[-MODIFIER...]``:
   (``bf16-true``).
 * MODIFIERS (sharded engines): ``root`` (no per-block units), ``ckpt`` (activation
   checkpointing of every unit), ``offload`` (CPU offload), ``noflat``, ``noreshard``; also for
-  ddp: ``compile`` (torch.compile per block), ``fused`` (fused AdamW).
+  ddp: ``compile`` (torch.compile per block), ``fused`` (fused AdamW), ``padded`` (PIQA data:
+  right-padded batches instead of packed ones, the baseline of packing).
 * MODIFIERS (pipe): ``cN`` (N chunks = micro-batches, default 4), ``ckpt-always`` /
   ``ckpt-never`` / ``ckpt-except_last`` (default), ``bA_B`` (A and B blocks per stage; default
   automatic by parameter count). A pipe's batch is the whole pipe's (B rows, cut into N
@@ -79,9 +81,9 @@ _bench.setup_paths()
 ROOT_ONLY_PATTERNS: list[str] = []
 
 ENGINES = ("ddp", "fairscale", "fsdp2", "pipe")
-MODIFIERS = ("root", "ckpt", "offload", "noflat", "noreshard", "compile", "fused")
+MODIFIERS = ("root", "ckpt", "offload", "noflat", "noreshard", "compile", "fused", "padded")
 #: Modifiers that are not sharding options (the DDP engine takes them too).
-ENGINE_MODIFIERS = ("compile", "fused")
+ENGINE_MODIFIERS = ("compile", "fused", "padded")
 PIPE_CHECKPOINT_MODES = ("never", "always", "except_last")
 PIPE_DEFAULT_CHUNKS = 4
 DEFAULT_BATCH = "124m=16,355m=16,774m=8,1.5b=8,tiny=2"
@@ -336,15 +338,16 @@ def _measure(rank: int, spec: dict[str, Any], result_dir: Path) -> dict[str, Any
         from tango_fairscale.batching import training_batch, training_queries
 
         wrapped = engine.wrapped_model
-        # As the training step: tokenize before the loop, collate (pad) inside it.
+        # As the training step: tokenize before the loop, build batches inside it.
         step_queries = [
             training_queries(examples, wrapped.tokenizer, wrapped.max_length)
             for examples in spec["piqa_batches"][rank]
         ]
         pad_token_id, max_length = wrapped.pad_token_id, wrapped.max_length
+        packed = engine.accepts_packed_batches and "padded" not in modifiers
 
         def batch_for(step: int) -> dict[str, Any]:
-            return training_batch(step_queries[step], pad_token_id, max_length)
+            return training_batch(step_queries[step], pad_token_id, max_length, packed)
 
     else:
         generator = torch.Generator().manual_seed(spec["seed"] * 1000 + rank)
@@ -391,11 +394,14 @@ def _measure(rank: int, spec: dict[str, Any], result_dir: Path) -> dict[str, Any
         sync()
         times.append(time.perf_counter() - begin)
         losses.append(loss.detach())
-        # Positions the model reads (ModelWrapper feeds input_ids[:, :-1]); real = not padding.
-        rows, width = batch["input_ids"].shape
-        tokens["real"].append(int(batch["attention_mask"][:, :-1].sum()))
-        tokens["padded"].append(rows * (width - 1))
-        tokens["scored"].append(int((batch["labels"][:, 1:] != -100).sum()))
+        # Positions the model reads (a padded row's last token is only a target; packed rows
+        # are shifted already); real = not padding.
+        shifted = "position_ids" in batch
+        fed = {k: batch[k] if shifted else batch[k][:, :-1] for k in ("attention_mask", "labels")}
+        rows, width = fed["labels"].shape
+        tokens["real"].append(int(fed["attention_mask"].sum()))
+        tokens["padded"].append(rows * width)
+        tokens["scored"].append(int((fed["labels"] != -100).sum()))
         tokens["width"].append(width)
     del _outputs, loss
 
@@ -556,7 +562,7 @@ def summarize(
         span_s = step_s * len(times)  # one fixed batch: the median step is the step
     tokens_per_s = real / span_s / gpus
     padded_per_s = padded / span_s / gpus
-    mean_width = sum(widths) / len(widths) - 1  # positions the model reads per row
+    mean_width = sum(widths) / len(widths)  # positions the model reads per row
     seq_for_flops = spec["seq_len"] or mean_width
     flops_per_token = 6 * spec["n_params"] + 12 * shape["n_layer"] * shape["n_embd"] * seq_for_flops
     losses = main["losses"]
@@ -974,9 +980,10 @@ def markdown(report: dict[str, Any]) -> str:
     compare_to = settings.get("compare_to")
     if piqa:
         data = (
-            "PIQA training examples (correct answer only, `training_queries` + `collate`, "
-            "right-padded), a different slice per rank, new batches every step; tokens/s counts "
-            "real (non-pad) positions, `padded tok/s` the whole `B x width`; throughput = tokens "
+            "PIQA training examples (correct answer only, `training_queries` + `training_batch`: "
+            "packed rows where the engine takes them, right-padded for pipe and `-padded` "
+            "configs), a different slice per rank, new batches every step; tokens/s counts "
+            "real (non-pad) positions, `padded tok/s` all `rows x positions`; throughput = tokens "
             "of the timed steps / their summed time"
         )
     else:
@@ -1276,13 +1283,13 @@ def main(argv: list[str] | None = None) -> int:
             "warmup (rank 0); the step is forward_train + backward + step",
             "data_description": (
                 "PIQA training examples: BatchSchedule(seed) global batch of batch_size x "
-                "world_size, rank r's slice; training_queries (correct answer) + collate "
-                "(right padding, collate inside the timed step)"
+                "world_size, rank r's slice; training_queries (correct answer) + training_batch "
+                "(packed unless -padded or pipe; built inside the timed step)"
                 if args.data == "piqa"
                 else "fixed random token ids, labels = inputs (every position scored)"
             ),
-            "tokens_counted": "positions the model reads (input_ids[:, :-1]); real = "
-            "attention_mask 1, padded = rows x (width - 1)",
+            "tokens_counted": "positions the model reads (a padded row's input_ids[:, :-1], a "
+            "packed row whole); real = attention_mask 1, padded = rows x positions",
             "mfu_formula": _bench.MFU_FORMULA,
             "peak_flops": _bench.PEAK_FLOPS,
             "root_only_patterns": ROOT_ONLY_PATTERNS,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -152,10 +152,166 @@ def collate(
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
 
-def training_batch(
-    queries: Sequence[Query], pad_token_id: int, max_length: int
+#: Packed rows are filled up to this many tokens (a longer segment takes a row of its own). The
+#: attention of a packed row is computed over the whole row and masked: wider rows waste more.
+PACKED_ROW_TOKENS = 512
+
+
+def packed_batch(
+    queries: Sequence[Query], pad_token_id: int, width_multiple: int = 1
 ) -> dict[str, torch.Tensor]:
-    """A training micro-batch: :func:`collate` to a multiple of ``TRAINING_WIDTH_MULTIPLE``."""
+    """``queries`` packed end to end into rows, with what the model needs to keep them apart.
+
+    Unlike :func:`collate`'s rows, packed rows are *shifted*: ``input_ids[r, t]`` is fed to the
+    model and ``labels[r, t]`` is the token it predicts there (``-100``: not scored), so a query
+    of ``n`` tokens takes ``n - 1`` places. Queries with the same context tokens (PIQA's two
+    choices of one goal) form one *segment*: the context once (but its last token), then each
+    query's own tokens from there (each predicts its first continuation token from its own copy
+    of the context's last token). Segments, longest first, fill rows of ``PACKED_ROW_TOKENS``
+    (next fit), padded to a multiple of ``width_multiple``.
+
+    Besides ``input_ids``, ``labels`` and ``attention_mask`` (1 on real tokens), the batch holds
+    ``position_ids`` (each token's position in its own query; 0 on padding) and ``query_ids``
+    (the index in ``queries`` of the query a token belongs to; -1 on shared context and padding).
+    A token attends to the earlier tokens of its segment (a segment starts at position 0) that
+    are shared or its query's own — what it sees in its own unpacked row, so every score equals
+    :func:`collate`'s up to float rounding.
+    """
+    pieces = [_segment_pieces(queries, members) for members in _context_groups(queries)]
+    sizes = [sum(piece.length for piece in segment) for segment in pieces]
+    order = sorted(range(len(pieces)), key=lambda s: (-sizes[s], s))
+    capacity = max(PACKED_ROW_TOKENS, sizes[order[0]])
+    rows: list[list[int]] = []
+    fill = capacity
+    for index in order:  # next fit: segments come longest first
+        if fill + sizes[index] > capacity:
+            rows.append([])
+            fill = 0
+        rows[-1].append(index)
+        fill += sizes[index]
+    width = max(sum(sizes[s] for s in row) for row in rows)
+    width = -(-width // width_multiple) * width_multiple
+    # Every row, then its padding, is a run of pieces: (query or -1, first position, length,
+    # offset of the first scored target); a token's position is its piece's first plus its offset.
+    inputs: list[int] = []
+    targets: list[int] = []
+    runs: list[tuple[int, int, int, int]] = []
+    for row in rows:
+        used = 0
+        for index in row:
+            for piece in pieces[index]:
+                source = queries[piece.source].tokens
+                inputs.extend(source[piece.start : piece.start + piece.length])
+                targets.extend(source[piece.start + 1 : piece.start + piece.length + 1])
+                runs.append((piece.query_id, piece.start, piece.length, piece.scored_from))
+                used += piece.length
+        inputs.extend([pad_token_id] * (width - used))
+        targets.extend([pad_token_id] * (width - used))
+        runs.append((-1, -1, width - used, width))
+    query_id, first_position, length, scored_from = torch.tensor(runs).T
+    offsets = torch.arange(len(inputs)) - torch.repeat_interleave(length.cumsum(0) - length, length)
+    padding = torch.repeat_interleave(first_position < 0, length)
+    positions = torch.where(padding, 0, torch.repeat_interleave(first_position, length) + offsets)
+    scored = offsets >= torch.repeat_interleave(scored_from, length)
+    shape = (len(rows), width)
+    return {
+        "input_ids": torch.tensor(inputs).view(shape),
+        "attention_mask": (~padding).long().view(shape),
+        "labels": torch.where(scored, torch.tensor(targets), IGNORE_INDEX).view(shape),
+        "position_ids": positions.view(shape),
+        "query_ids": torch.repeat_interleave(query_id, length).view(shape),
+    }
+
+
+class _Piece(NamedTuple):
+    """Consecutive input tokens of one query in a packed row."""
+
+    source: int  # the query whose tokens these are
+    query_id: int  # the query they belong to; -1 for a context shared by several
+    start: int  # first token (and its position)
+    length: int
+    scored_from: int  # offset in the piece of the first input whose target is scored
+
+
+def _context_groups(queries: Sequence[Query]) -> list[list[int]]:
+    """Indices of ``queries`` grouped by identical context tokens, in order of appearance."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for index, query in enumerate(queries):
+        groups.setdefault(query.tokens[: len(query) - query.continuation_length], []).append(index)
+    return list(groups.values())
+
+
+def _shared_length(queries: Sequence[Query], members: Sequence[int]) -> int:
+    """Tokens a group shares in a packed row: its context but the last token (none alone)."""
+    if len(members) < 2:
+        return 0
+    first = queries[members[0]]
+    return len(first) - first.continuation_length - 1
+
+
+def _segment_pieces(queries: Sequence[Query], members: Sequence[int]) -> list[_Piece]:
+    """One group's pieces: the shared context if any, then each member's inputs from there
+    (all its tokens but the last, which is only predicted)."""
+    shared = _shared_length(queries, members)
+    pieces = [_Piece(members[0], -1, 0, shared, shared)] if shared else []
+    for index in members:
+        query = queries[index]
+        scored_from = len(query) - query.continuation_length - 1 - shared
+        pieces.append(_Piece(index, index, shared, len(query) - 1 - shared, scored_from))
+    return pieces
+
+
+def _segment_length(queries: Sequence[Query], members: Sequence[int]) -> int:
+    shared = _shared_length(queries, members)
+    return shared + sum(len(queries[index]) - 1 - shared for index in members)
+
+
+def scoring_batches(
+    queries: Sequence[Query],
+    batch_size: int,
+    max_tokens: int | None = None,
+    packed: bool = False,
+) -> list[list[int]]:
+    """Indices of ``queries`` in scoring batches, longest first.
+
+    Unpacked: :func:`length_sorted_batches` (``max_tokens`` counts padded tokens). Packed (for
+    :func:`packed_batch`): queries sharing a context stay together, groups of similar length go
+    in one batch of at most ``batch_size`` queries and ``max_tokens`` tokens (packed rows leave
+    little padding, so tokens are counted without it).
+    """
+    if not packed:
+        return length_sorted_batches(queries, batch_size, max_tokens)
+    groups = [
+        group[start : start + batch_size]
+        for group in _context_groups(queries)
+        for start in range(0, len(group), batch_size)
+    ]
+    sizes = [_segment_length(queries, group) for group in groups]
+    batches: list[list[int]] = []
+    count = tokens = 0
+    for index in sorted(range(len(groups)), key=lambda g: (-sizes[g], g)):
+        group = groups[index]
+        if (
+            batches
+            and count + len(group) <= batch_size
+            and (max_tokens is None or tokens + sizes[index] <= max_tokens)
+        ):
+            batches[-1].extend(group)
+            count += len(group)
+            tokens += sizes[index]
+        else:
+            batches.append(list(group))
+            count, tokens = len(group), sizes[index]
+    return batches
+
+
+def training_batch(
+    queries: Sequence[Query], pad_token_id: int, max_length: int, packed: bool = False
+) -> dict[str, torch.Tensor]:
+    """A training micro-batch: :func:`collate` (or, ``packed``, :func:`packed_batch`), its
+    positions a multiple of ``TRAINING_WIDTH_MULTIPLE``."""
+    if packed:
+        return packed_batch(queries, pad_token_id, TRAINING_WIDTH_MULTIPLE)
     return collate(queries, pad_token_id, TRAINING_WIDTH_MULTIPLE, max_width=max_length + 1)
 
 

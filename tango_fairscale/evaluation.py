@@ -9,6 +9,7 @@ with fewer batches repeat a dummy batch, so FSDP all-gathers never hang), and th
 from __future__ import annotations
 
 import collections
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -21,7 +22,7 @@ from tango.common.dataset_dict import DatasetDictBase
 from tango.common.exceptions import ConfigurationError
 from tango.integrations.torch import Model
 
-from .batching import Query, choice_queries, collate, length_sorted_batches
+from .batching import Query, choice_queries, collate, packed_batch, scoring_batches
 from .engines.base import resolve_precision
 from .model import ModelWrapper, move_batch
 
@@ -31,6 +32,9 @@ Forward = Callable[[dict[str, torch.Tensor]], Mapping[str, torch.Tensor]]
 #: Forwards queued on a GPU at most (a few batches ahead: the GPU never waits for Python between
 #: them, yet the progress bar and the memory held by queued batches stay bounded).
 QUEUED_FORWARDS = 4
+
+#: Packed scoring rows feed the model a multiple of this many positions (aligned attention masks).
+SCORING_WIDTH_MULTIPLE = 8
 
 
 def score_queries(
@@ -42,16 +46,25 @@ def score_queries(
     device: torch.device,
     max_batch_tokens: int | None = None,
     num_forwards: int | None = None,
+    packed: bool = False,
     progress: bool = True,
 ) -> list[float]:
     """Log-likelihood of each query's continuation, in the order of ``queries``.
 
-    Batches as :func:`~tango_fairscale.batching.length_sorted_batches` makes them. Results stay on
-    the device until the end; Python runs at most ``QUEUED_FORWARDS`` forwards ahead of a GPU.
-    ``num_forwards`` (at least the number of batches) pads the work with repeated forwards of a
-    one-row batch whose results are discarded, so that all ranks call ``forward`` equally often.
+    Batches as :func:`~tango_fairscale.batching.scoring_batches` makes them: right-padded rows
+    or, ``packed`` (for a forward that takes packed batches), rows packed by
+    :func:`~tango_fairscale.batching.packed_batch`. Results stay on the device until the end;
+    Python runs at most ``QUEUED_FORWARDS`` forwards ahead of a GPU. ``num_forwards`` (at least
+    the number of batches) pads the work with repeated forwards of a one-query batch whose
+    results are discarded, so that all ranks call ``forward`` equally often.
     """
-    batches = length_sorted_batches(queries, batch_size, max_batch_tokens)
+    batches = scoring_batches(queries, batch_size, max_batch_tokens, packed)
+    if packed:
+        make_batch = functools.partial(
+            packed_batch, pad_token_id=pad_token_id, width_multiple=SCORING_WIDTH_MULTIPLE
+        )
+    else:
+        make_batch = functools.partial(collate, pad_token_id=pad_token_id)
     filler = [Query((pad_token_id, pad_token_id), 1)]  # any tokens serve
     results = []
     queued: collections.deque[tuple[Any, int]] = collections.deque()  # (done event, rows)
@@ -59,7 +72,7 @@ def score_queries(
     bar = Tqdm.tqdm(total=len(queries), desc="Scoring", unit="query", disable=not progress)
     for index in range(max(num_forwards or 0, len(batches))):
         rows = [queries[i] for i in batches[index]] if index < len(batches) else filler
-        loglikelihood = forward(move_batch(collate(rows, pad_token_id), device))["loglikelihood"]
+        loglikelihood = forward(move_batch(make_batch(rows), device))["loglikelihood"]
         if index < len(batches):
             results.append(loglikelihood.float())
         done = torch.cuda.Event() if device.type == "cuda" else None
@@ -153,9 +166,11 @@ def validate_all_ranks(
     max_length: int,
     batch_size: int,
     device: torch.device,
+    packed: bool,
     progress: bool,
 ) -> dict[str, float | int]:
-    """PIQA ``acc`` / ``acc_norm`` over ``examples``, every rank scoring its share.
+    """PIQA ``acc`` / ``acc_norm`` over ``examples``, every rank scoring its share (``packed``:
+    in packed batches, see :func:`score_queries`).
 
     Call on every rank of the process group (or without one). Rank ``r`` scores examples
     ``r, r + W, ...``; the number of forwards is agreed with a max all-reduce first, and the hit
@@ -165,7 +180,7 @@ def validate_all_ranks(
     rank, world_size = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     mine = list(examples[rank::world_size])
     queries = choice_queries(mine, tokenizer, max_length)
-    num_forwards = len(length_sorted_batches(queries, batch_size))
+    num_forwards = len(scoring_batches(queries, batch_size, packed=packed))
     if distributed:
         agreed = torch.tensor([num_forwards], device=device)
         dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
@@ -177,6 +192,7 @@ def validate_all_ranks(
         pad_token_id=tokenizer.pad_token_id,
         device=device,
         num_forwards=num_forwards,
+        packed=packed,
         progress=progress,
     )
     hits, hits_norm = correct_counts(piqa_predictions(mine, queries, scores))
@@ -266,6 +282,7 @@ class PiqaPredictionsStep(Step[list]):
                 pad_token_id=model.pad_token_id,
                 device=device,
                 max_batch_tokens=max_batch_tokens,
+                packed=model.supports_packing,
             )
         return piqa_predictions(examples, queries, scores)
 

@@ -22,6 +22,9 @@ from .batching import IGNORE_INDEX
 
 logger = logging.getLogger(__name__)
 
+#: Attention implementations that take the explicit (R, 1, T, T) masks of packed batches.
+MASKED_ATTENTION = ("sdpa", "eager")
+
 #: Rows of logits computed at once (a 4096 × 50257 fp32 chunk is 0.8 GB).
 LOGIT_CHUNK_ROWS = 4096
 
@@ -100,8 +103,18 @@ class ModelWrapper(Model):
     def pad_token_id(self) -> int:
         return int(self.tokenizer.pad_token_id)
 
+    @property
+    def supports_packing(self) -> bool:
+        """Whether the model's attention takes the explicit masks of packed batches."""
+        return self.model.config._attn_implementation in MASKED_ATTENTION
+
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        labels: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        query_ids: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
         # Position t is predicted from positions < t: the last token is never an input.
         # Batches are right-padded, so the causal mask alone keeps every real token from seeing
@@ -110,12 +123,29 @@ class ModelWrapper(Model):
         # No key/value cache: it costs memory, and activation checkpointing would replay a
         # forward into the same cache object and double its length.
         del attention_mask
-        with compat.unpacked_sequences():  # no host read of a GPU tensor per forward
-            hidden = self.model.base_model(
-                input_ids=input_ids[:, :-1], use_cache=False
-            ).last_hidden_state
         head = self.model.get_output_embeddings()
-        return loss_outputs(*scored_row_nll(head, hidden, labels[:, 1:]))
+        if position_ids is None:
+            with compat.unpacked_sequences():  # no host read of a GPU tensor per forward
+                hidden = self.model.base_model(
+                    input_ids=input_ids[:, :-1], use_cache=False
+                ).last_hidden_state
+            return loss_outputs(*scored_row_nll(head, hidden, labels[:, 1:]))
+        if query_ids is None:
+            raise ValueError("a packed batch (with position_ids) needs query_ids")
+        # Packed rows are already shifted: input t predicts labels[:, t].
+        mask = packed_attention_mask(
+            position_ids, query_ids.to(input_ids.device, non_blocking=True)
+        )
+        if self.model.config._attn_implementation == "eager":  # an additive mask there
+            mask = torch.zeros(mask.shape, device=mask.device).masked_fill_(
+                ~mask, torch.finfo(torch.float32).min
+            )
+        hidden = self.model.base_model(
+            input_ids=input_ids, position_ids=position_ids, attention_mask=mask, use_cache=False
+        ).last_hidden_state
+        # query_ids stays on the CPU (move_batch): its largest value costs no device wait.
+        num_queries = int(query_ids.max()) + 1
+        return loss_outputs(*scored_row_nll(head, hidden, labels, query_ids, num_queries))
 
     def save(self, directory: Path) -> None:
         """Write weights (safetensors), config and tokenizer in Hugging Face's layout."""
@@ -123,25 +153,47 @@ class ModelWrapper(Model):
         self.tokenizer.save_pretrained(directory)
 
 
+#: Batch entries :func:`move_batch` leaves on the CPU.
+HOST_INPUTS = ("labels", "query_ids")
+
+
 def move_batch(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
-    """``batch`` on ``device``, except ``labels``: left on the CPU, where :class:`ModelWrapper`
-    picks the scored positions without waiting for the device (wrappers that move every input,
-    such as multi-process DDP, still work, at one wait per forward)."""
+    """``batch`` on ``device``, except ``HOST_INPUTS``: left on the CPU, where
+    :class:`ModelWrapper` picks the scored positions without waiting for the device (wrappers
+    that move every input, such as multi-process DDP, still work, at one wait per forward)."""
     return {
-        name: tensor if name == "labels" else tensor.to(device, non_blocking=True)
+        name: tensor if name in HOST_INPUTS else tensor.to(device, non_blocking=True)
         for name, tensor in batch.items()
     }
 
 
+def packed_attention_mask(position_ids: torch.Tensor, query_ids: torch.Tensor) -> torch.Tensor:
+    """``(R, 1, T, T)``, true where a token of a packed row may attend another (see
+    :func:`~tango_fairscale.batching.packed_batch`): an earlier or the same token of its
+    segment (a segment starts where the position is 0), shared (query -1) or of its own query."""
+    segment = (position_ids == 0).cumsum(dim=1)
+    same_segment = segment[:, :, None] == segment[:, None, :]
+    visible = (query_ids[:, None, :] == -1) | (query_ids[:, :, None] == query_ids[:, None, :])
+    width = position_ids.shape[1]
+    causal = torch.ones(width, width, dtype=torch.bool, device=position_ids.device).tril()
+    return (same_segment & visible & causal)[:, None]
+
+
 def scored_row_nll(
-    head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor
+    head: torch.nn.Module,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    groups: torch.Tensor | None = None,
+    num_groups: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Each row's mean and summed cross-entropy over its scored targets, and how many it has.
 
     ``hidden`` ``(B, T, H)`` predicts ``targets`` ``(B, T)`` (``-100``: not scored). Returns
     ``(row_mean_nll, row_nll, num_tokens)``, each ``(B,)``; a row without scored targets has mean
     0. Only ``row_mean_nll`` carries gradients, and only for a loss that weighs every row alike
-    (a multiple of ``row_mean_nll.sum()``, such as :func:`loss_outputs`' mean).
+    (a multiple of ``row_mean_nll.sum()``, such as :func:`loss_outputs`' mean). With ``groups``
+    ``(B, T)`` (packed rows), the "rows" are instead the ``num_groups`` values it holds at the
+    scored positions.
 
     The vocabulary projection runs only where a token is scored, ``LOGIT_CHUNK_ROWS`` rows of
     logits at a time, and (see :class:`_ScoredCrossEntropy`) its gradients are computed with the
@@ -152,9 +204,14 @@ def scored_row_nll(
     # free; on the device it waits for the device once (the count of positions sets the shapes).
     device = hidden.device
     scored = targets != IGNORE_INDEX
-    num_tokens = scored.sum(dim=1)
     positions = scored.flatten().nonzero()[:, 0]
-    rows = positions // targets.shape[1]
+    if groups is None:
+        num_tokens = scored.sum(dim=1)
+        rows = positions // targets.shape[1]
+    else:
+        assert num_groups is not None
+        rows = groups.flatten()[positions.to(groups.device)].to(positions.device)
+        num_tokens = torch.bincount(rows, minlength=num_groups)
     token_weights = (1.0 / num_tokens.clamp(min=1).float())[rows]
     weight, bias = _aligned_projection(head)
     row_mean_nll, row_nll = _ScoredCrossEntropy.apply(
@@ -164,7 +221,7 @@ def scored_row_nll(
         targets.flatten()[positions].to(device, non_blocking=True),
         token_weights.to(device, non_blocking=True),
         rows.to(device, non_blocking=True),
-        len(targets),
+        len(num_tokens),
     )
     return row_mean_nll, row_nll, num_tokens.to(device, non_blocking=True)
 

@@ -399,7 +399,10 @@ def _run_steps(
         micro_batches = schedule.micro_batches(step)
         for index, micro_batch in enumerate(micro_batches):
             batch = training_batch(
-                [queries[i] for i in micro_batch], model.pad_token_id, model.max_length
+                [queries[i] for i in micro_batch],
+                model.pad_token_id,
+                model.max_length,
+                packed=engine.accepts_packed_batches,
             )
             loss, _ = engine.forward_train(batch, index, len(micro_batches))
             engine.backward(loss)
@@ -520,6 +523,7 @@ def _validate(engine: Engine, plan: TrainPlan) -> dict[str, Any]:
             max_length=model.max_length,
             batch_size=plan.eval_batch_size,
             device=engine.device,
+            packed=engine.accepts_packed_batches,
             progress=config.is_local_main_process,
         )
     finally:

@@ -23,8 +23,10 @@ from tango_fairscale.batching import (
     collate,
     encode_pair,
     length_sorted_batches,
+    packed_batch,
     piqa_context,
     piqa_continuations,
+    scoring_batches,
     training_queries,
 )
 
@@ -240,6 +242,87 @@ def test_collate_pad_id_is_never_a_label() -> None:
         [IGNORE_INDEX, IGNORE_INDEX, IGNORE_INDEX, 4],
     ]
     assert batch["attention_mask"].sum().item() == 6
+
+
+# packed_batch ---------------------------------------------------------------------------------
+
+
+def test_packed_batch_shares_a_common_context_and_fills_rows_longest_first() -> None:
+    x = IGNORE_INDEX
+    queries = [
+        Query((1, 2, 3, 4, 5), 2),  # context (1, 2, 3) ...
+        Query((9, 8, 7), 1),
+        Query((1, 2, 3, 7), 1),  # ... shared with query 0: (1, 2) once, then (3,)
+        Query((5, 5, 5, 5, 5, 5), 3),
+    ]
+    batch = packed_batch(queries, pad_token_id=0, width_multiple=8)
+    assert set(batch) == {"input_ids", "attention_mask", "labels", "position_ids", "query_ids"}
+    # Shifted rows (input t predicts labels[t]); segments longest first, ties by first query:
+    # queries 0 and 2 (5 inputs), 3 (5), 1 (2); 12 inputs padded to 16.
+    assert batch["input_ids"].tolist() == [[1, 2, 3, 4, 3, 5, 5, 5, 5, 5, 9, 8, 0, 0, 0, 0]]
+    assert batch["labels"].tolist() == [[x, x, 4, 5, 7, x, x, 5, 5, 5, x, 7, x, x, x, x]]
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 3, 2, 0, 1, 2, 3, 4, 0, 1, 0, 0, 0, 0]]
+    assert batch["query_ids"].tolist() == [[-1, -1, 0, 0, 2, 3, 3, 3, 3, 3, 1, 1, -1, -1, -1, -1]]
+    assert batch["attention_mask"].tolist() == [[1] * 12 + [0] * 4]
+
+
+def test_packed_batch_rows_hold_at_most_the_row_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tango_fairscale import batching
+
+    monkeypatch.setattr(batching, "PACKED_ROW_TOKENS", 10)
+    queries = [Query(tuple(range(100 + i, 104 + i)), 1) for i in range(5)]  # 3 inputs each
+    queries.append(Query(tuple(range(12)), 2))  # 11 inputs, past the budget: a row of its own
+    batch = packed_batch(queries, pad_token_id=0)
+    # Capacity = max(budget, longest) = 11: rows [11], [3, 3, 3], [3, 3] (next fit).
+    assert batch["input_ids"].shape == (3, 11)
+    assert batch["query_ids"][:, 0].tolist() == [5, 0, 3]
+    assert batch["attention_mask"].sum(dim=1).tolist() == [11, 9, 6]
+    # Every query's inputs, positions and scored targets appear once, as in its own row.
+    for index, query in enumerate(queries):
+        mine = batch["query_ids"] == index
+        assert batch["input_ids"][mine].tolist() == list(query.tokens[:-1])
+        assert batch["position_ids"][mine].tolist() == list(range(len(query) - 1))
+        scored = batch["labels"][mine][batch["labels"][mine] != IGNORE_INDEX]
+        assert scored.tolist() == list(query.tokens[-query.continuation_length :])
+
+
+def test_packed_batch_never_shares_a_scored_token() -> None:
+    """A one-token context is not shared (nothing is left before the branch point), and a
+    shared context ends one token before the first scored target of every member."""
+    tiny = packed_batch([Query((7, 1), 1), Query((7, 2), 1)], pad_token_id=0)
+    assert tiny["query_ids"].tolist() == [[0, 1]]
+    assert tiny["position_ids"].tolist() == [[0, 0]]
+    assert tiny["labels"].tolist() == [[1, 2]]
+    pair = packed_batch([Query((7, 8, 1, 2), 2), Query((7, 8, 3), 1)], pad_token_id=0)
+    shared = pair["query_ids"] == -1
+    assert pair["input_ids"][shared].tolist() == [7]
+    assert pair["labels"].tolist() == [[IGNORE_INDEX, 1, 2, 3]]
+
+
+def test_packed_training_batches_feed_multiples_of_64_positions() -> None:
+    from tango_fairscale.batching import training_batch
+
+    queries = [Query(tuple(range(n)), 2) for n in (30, 40, 50)]
+    batch = training_batch(queries, 0, max_length=1023, packed=True)
+    assert batch["input_ids"].shape == (1, 128)  # 117 inputs
+    assert batch["attention_mask"].sum() == 117
+
+
+def test_packed_scoring_batches_keep_a_context_together() -> None:
+    context = (1, 2, 3)
+    queries = [
+        Query(context + (4,), 1),
+        Query((9,) * 20, 1),
+        Query(context + (5, 6), 2),
+        Query((8, 8), 1),
+    ]
+    # Inputs per segment: query 1: 19; queries 0 and 2: 2 shared + 1 + 2 = 5; query 3: 1.
+    assert scoring_batches(queries, 3, packed=True) == [[1, 0, 2], [3]]
+    assert scoring_batches(queries, 3, max_tokens=20, packed=True) == [[1], [0, 2, 3]]
+    # A group larger than batch_size is split (query 2 alone: 4 inputs, query 0: 3).
+    assert scoring_batches(queries, 1, packed=True) == [[1], [2], [0], [3]]
+    # Unpacked: length_sorted_batches.
+    assert scoring_batches(queries, 3) == length_sorted_batches(queries, 3)
 
 
 # length_sorted_batches ------------------------------------------------------------------------

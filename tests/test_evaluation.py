@@ -226,22 +226,26 @@ def one_query_log_likelihood(model: ModelWrapper, query: Query) -> float:
     return float(log_probs[-n:].gather(1, targets[:, None]).sum())
 
 
+@pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("max_length", [128, 12])  # 12: most queries are left-truncated
 def test_batched_scores_equal_one_query_at_a_time(
-    model: ModelWrapper, examples: list, max_length: int
+    model: ModelWrapper, examples: list, max_length: int, packed: bool
 ) -> None:
     queries = choice_queries(examples, model.tokenizer, max_length)
     if max_length == 12:
         assert sum(len(q) == 13 for q in queries) > len(queries) // 2
         assert any(q.continuation_length == 12 for q in queries)
-    scores = cpu_scores(model, queries, 7)
+    scores = cpu_scores(model, queries, 7, packed=packed)
     expected = [one_query_log_likelihood(model, query) for query in queries]
     np.testing.assert_allclose(scores, expected, rtol=1e-5, atol=1e-4)
 
 
-def test_scores_do_not_depend_on_batch_size(model: ModelWrapper, examples: list) -> None:
+@pytest.mark.parametrize("packed", [False, True])
+def test_scores_do_not_depend_on_batch_size(
+    model: ModelWrapper, examples: list, packed: bool
+) -> None:
     queries = choice_queries(examples[:8], model.tokenizer, model.max_length)
-    results = [cpu_scores(model, queries, batch_size) for batch_size in (1, 4, 64)]
+    results = [cpu_scores(model, queries, size, packed=packed) for size in (1, 4, 64)]
     np.testing.assert_allclose(results[0], results[1], atol=1e-4)
     np.testing.assert_allclose(results[0], results[2], atol=1e-4)
 
@@ -260,10 +264,15 @@ def test_num_forwards_pads_with_discarded_forwards(model: ModelWrapper, examples
     padded = cpu_scores(model, queries, 4, forward=counting, num_forwards=6)
     assert calls == [4, 4, 2, 1, 1, 1]
     assert padded == plain
+    calls.clear()  # packed: one row per forward here (a batch's queries fit in one row)
+    packed = cpu_scores(model, queries, 4, forward=counting, num_forwards=4, packed=True)
+    assert calls == [1, 1, 1, 1]
+    np.testing.assert_allclose(packed, plain, rtol=1e-5)
 
 
+@pytest.mark.parametrize("packed", [False, True])
 def test_validate_all_ranks_single_process_equals_score_queries_and_metrics(
-    model: ModelWrapper, examples: list
+    model: ModelWrapper, examples: list, packed: bool
 ) -> None:
     result = validate_all_ranks(
         forward_of(model),
@@ -272,6 +281,7 @@ def test_validate_all_ranks_single_process_equals_score_queries_and_metrics(
         max_length=model.max_length,
         batch_size=8,
         device=CPU,
+        packed=packed,
         progress=False,
     )
     queries = choice_queries(examples, model.tokenizer, model.max_length)

@@ -5,7 +5,9 @@
 * the chunked cross-entropy that computes its gradients in the forward pass equals full-logits
   cross-entropy in values and gradients (fp32; close under bf16 autocast);
 * GPT-2's ``gelu_new`` runs as one fused ``nn.GELU(approximate="tanh")`` and the wrapped model's
-  hidden states match the unmodified Hugging Face model's.
+  hidden states match the unmodified Hugging Face model's;
+* a packed batch (queries end to end, shared contexts once, explicit attention masks) gives each
+  query the scores and the loss gradients of its own right-padded row.
 """
 
 from __future__ import annotations
@@ -163,17 +165,111 @@ def test_scored_row_nll_on_a_gpu_equals_full_logits_cross_entropy(
         torch.testing.assert_close(grad, ref_grad, rtol=5e-2, atol=5e-3)
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("max_length", [127, 12])  # 12: most queries are left-truncated
+def test_packed_batches_score_and_train_as_padded_rows(
+    attention: str, max_length: int, tiny_model_dir: Path, piqa_small
+) -> None:
+    from tango_fairscale.batching import choice_queries, collate, packed_batch, training_queries
+
+    wrapper = ModelWrapper(str(tiny_model_dir))
+    wrapper.model.config._attn_implementation = attention
+    assert wrapper.supports_packing
+    examples = list(piqa_small["validation"])[:24]
+    choices = choice_queries(examples, wrapper.tokenizer, max_length)
+    with torch.no_grad():
+        padded = wrapper(**collate(choices, wrapper.pad_token_id))
+        packed_choices = packed_batch(choices, wrapper.pad_token_id, 8)
+        packed = wrapper(**packed_choices)
+    assert (packed_choices["query_ids"] == -1).sum() > len(examples)  # contexts were shared
+    assert len(packed_choices["input_ids"]) < len(choices)
+    torch.testing.assert_close(packed["loglikelihood"], padded["loglikelihood"])
+    assert packed["num_tokens"].tolist() == padded["num_tokens"].tolist()
+
+    queries = training_queries(list(piqa_small["train"])[:16], wrapper.tokenizer, max_length)
+    gradients = []
+    for batch in (collate(queries, wrapper.pad_token_id), packed_batch(queries, 0, 64)):
+        wrapper.zero_grad()
+        loss = wrapper(**batch)["loss"]
+        loss.backward()
+        gradients.append((loss, [p.grad.clone() for p in wrapper.parameters()]))
+    (padded_loss, padded_grads), (packed_loss, packed_grads) = gradients
+    torch.testing.assert_close(packed_loss, padded_loss)
+    for packed_grad, padded_grad in zip(packed_grads, padded_grads):
+        torch.testing.assert_close(packed_grad, padded_grad, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a GPU's attention kernels")
+@pytest.mark.parametrize("autocast", [False, True])
+def test_packed_batches_on_a_gpu_score_and_train_as_padded_rows(
+    autocast: bool, tiny_model_dir: Path, piqa_small
+) -> None:
+    """On a GPU a padded batch takes SDPA's fused causal kernel, a packed one a masked kernel;
+    labels and query ids stay on the CPU (``move_batch``)."""
+    from tango_fairscale.batching import choice_queries, collate, packed_batch
+    from tango_fairscale.model import move_batch
+
+    device = torch.device("cuda")
+    wrapper = ModelWrapper(str(tiny_model_dir)).to(device)
+    examples = list(piqa_small["validation"])[:32]
+    queries = choice_queries(examples, wrapper.tokenizer, wrapper.max_length)
+    results = []
+    for batch in (collate(queries, 0), packed_batch(queries, 0, 8)):
+        wrapper.zero_grad()
+        with torch.autocast("cuda", torch.bfloat16, enabled=autocast):
+            outputs = wrapper(**move_batch(batch, device))
+        outputs["loss"].backward()
+        grads = [p.grad.clone() for p in wrapper.parameters()]
+        results.append((outputs["loglikelihood"].detach(), outputs["loss"].detach(), grads))
+    (padded_ll, padded_loss, padded_grads), (packed_ll, packed_loss, packed_grads) = results
+    tolerance = {"rtol": 2e-2, "atol": 5e-2} if autocast else {"rtol": 1e-4, "atol": 1e-4}
+    torch.testing.assert_close(packed_ll, padded_ll, **tolerance)
+    torch.testing.assert_close(packed_loss, padded_loss, **tolerance)
+    for packed_grad, padded_grad in zip(packed_grads, padded_grads):
+        torch.testing.assert_close(packed_grad, padded_grad, rtol=5e-2, atol=5e-3)
+
+
+def test_packed_attention_mask_keeps_queries_apart() -> None:
+    from tango_fairscale.batching import Query, packed_batch
+    from tango_fairscale.model import packed_attention_mask
+
+    # Queries 0 and 1 share the context (1, 2) but its last token; query 2 is alone; 6 inputs
+    # padded to 8.
+    queries = [Query((1, 2, 3, 4), 1), Query((1, 2, 3, 5, 6), 2), Query((8, 9), 1)]
+    batch = packed_batch(queries, 0, width_multiple=4)
+    assert batch["query_ids"].tolist() == [[-1, -1, 0, 1, 1, 2, -1, -1]]
+    mask = packed_attention_mask(batch["position_ids"], batch["query_ids"])[0, 0].int()
+    assert mask.tolist() == [
+        [1, 0, 0, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0, 0, 0],
+        [1, 1, 0, 1, 0, 0, 0, 0],  # query 1 sees the shared context, not query 0
+        [1, 1, 0, 1, 1, 0, 0, 0],
+        [0, 0, 0, 0, 0, 1, 0, 0],  # a new segment
+        [0, 0, 0, 0, 0, 0, 1, 0],  # padding sees itself only
+        [0, 0, 0, 0, 0, 0, 0, 1],
+    ]
+
+
+def test_packing_needs_an_attention_that_takes_masks(tiny_model_dir: Path) -> None:
+    wrapper = ModelWrapper(str(tiny_model_dir))
+    wrapper.model.config._attn_implementation = "flash_attention_2"
+    assert not wrapper.supports_packing
+
+
+@pytest.mark.parametrize("packed", [False, True])
 def test_forward_reads_no_tensor_on_the_host(
-    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+    packed: bool, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """No ``bool(tensor)`` in the forward (transformers' packed-sequence check made one per
     forward: a GPU wait); the check is back in place afterwards."""
     from transformers import masking_utils
 
-    from tango_fairscale.batching import Query, collate
+    from tango_fairscale.batching import Query, collate, packed_batch
 
     wrapper = ModelWrapper(str(tiny_model_dir)).eval()
-    batch = collate([Query(tuple(range(10, 30)), 5), Query(tuple(range(10, 22)), 3)], 50256)
+    queries = [Query(tuple(range(10, 30)), 5), Query(tuple(range(10, 22)), 3)]
+    batch = (packed_batch if packed else collate)(queries, 50256)
     detect = masking_utils.find_packed_sequence_indices
     host_reads = []
     as_bool = torch.Tensor.__bool__

@@ -178,6 +178,12 @@ class Engine(TrainingEngine):
         """The :class:`ModelWrapper` inside the engine's wrappers (for its tokenizer and config)."""
         return unwrap(self.model)
 
+    @property
+    def accepts_packed_batches(self) -> bool:
+        """Whether ``forward_train`` / ``forward_eval`` take packed batches
+        (:func:`~tango_fairscale.batching.packed_batch`): where the model's attention does."""
+        return self.wrapped_model.supports_packing
+
     # --- the training step --------------------------------------------------------------------
 
     def _autocast(self) -> contextlib.AbstractContextManager:

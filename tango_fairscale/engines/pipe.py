@@ -197,6 +197,11 @@ class PipeEngine(Engine):
         return list(self._pipelined.pipe.devices)
 
     @property
+    def accepts_packed_batches(self) -> bool:
+        # Pipe cuts batches into micro-batches of rows, and its layers pass a padding mask on.
+        return False
+
+    @property
     def _pipelined(self) -> PipelinedModel:
         assert isinstance(self.model, PipelinedModel)
         return self.model
