@@ -72,12 +72,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--layouts", default="packed,padded", help="batch layouts of the token-budget section"
     )
-    parser.add_argument(
-        "--packed-row-tokens",
-        type=int,
-        default=None,
-        help="override tango_fairscale.batching.PACKED_ROW_TOKENS (tokens per packed row)",
-    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--budget-s", type=float, default=None, help="skip repeats and sections past this"
@@ -222,10 +216,6 @@ def main(argv: list[str] | None = None) -> int:
     def over_budget(reserve: float = 0.0) -> bool:
         return args.budget_s is not None and time.perf_counter() - started + reserve > args.budget_s
 
-    from tango_fairscale import batching
-
-    if args.packed_row_tokens is not None:
-        batching.PACKED_ROW_TOKENS = args.packed_row_tokens
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     clock = Clock(device)
     batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b]
@@ -291,7 +281,6 @@ def main(argv: list[str] | None = None) -> int:
     }
     packed = model.supports_packing
     report["data"]["packed"] = packed
-    report["data"]["packed_row_tokens"] = batching.PACKED_ROW_TOKENS
     for bs in batch_sizes:
         layout = batch_layout(queries, bs, None, packed, model.pad_token_id)
         report["data"].setdefault("padding_fraction_by_batch_size", {})[str(bs)] = layout[
@@ -624,7 +613,7 @@ def markdown(report: dict[str, Any]) -> str:
         lines += [
             "",
             f"## Token budgets (step path, batch_size {report['settings']['budget_batch_size']}, "
-            f"`max_batch_tokens`; packed rows of {data.get('packed_row_tokens')} tokens)",
+            "`max_batch_tokens`)",
             "",
             "`packed`: the step's layout (queries end to end, a shared context once); `padded`: "
             "right-padded rows (packing switched off), the same-run baseline. `positions`: "

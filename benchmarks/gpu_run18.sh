@@ -3,6 +3,7 @@
 # packing. The GPU-only model tests (packed vs padded on a GPU among them); eval_speed.py token
 # budgets, packed against padded, with packed rows of 512 and 256 tokens; train_speed.py on
 # PIQA at world size 1, packed against padded: batch 16 (the FairScale issue's workload) and 64.
+# (Ran at ecc7733; eval_speed.py's --packed-row-tokens went with the fixed row budget after it.)
 # Needs .whl/ and .gpudata/ carried; writes under $OUT. Set BENCH_COMMIT.
 set -u -o pipefail
 DEFAULT_TOTAL_S=540

@@ -264,9 +264,9 @@ def test_num_forwards_pads_with_discarded_forwards(model: ModelWrapper, examples
     padded = cpu_scores(model, queries, 4, forward=counting, num_forwards=6)
     assert calls == [4, 4, 2, 1, 1, 1]
     assert padded == plain
-    calls.clear()  # packed: one row per forward here (a batch's queries fit in one row)
+    calls.clear()  # packed: an example's two choices per row
     packed = cpu_scores(model, queries, 4, forward=counting, num_forwards=4, packed=True)
-    assert calls == [1, 1, 1, 1]
+    assert calls == [2, 2, 1, 1]
     np.testing.assert_allclose(packed, plain, rtol=1e-5)
 
 
