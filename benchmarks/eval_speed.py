@@ -6,7 +6,7 @@ measures, after a warm-up pass:
 
 * **step path**: ``PiqaPredictionsStep().run(model, dataset_dict, "validation", batch_size)``, the
   ``tango_fairscale::piqa_predictions`` step's own code (tokenize with ``choice_queries``, then
-  ``score_queries``: length-sorted packed batches, one forward each), at each
+  ``score_queries``: length-sorted right-padded batches, one forward each), at each
   ``--batch-sizes``; wall time and queries/s (the fastest of ``--repeats``, first run also kept);
 * its parts: ``choice_queries`` alone (tokenization), ``score_queries`` on pre-tokenized queries
   (collate + copy + forward + ``.cpu()``), and the forwards alone on pre-collated batches already
@@ -20,8 +20,8 @@ measures, after a warm-up pass:
 * **token budgets**: the step path with ``batch_size`` ``--budget-batch-size`` and each
   ``--token-budgets`` value as ``max_batch_tokens`` (at most that many padded tokens per forward),
   at ``32-true`` and ``bf16-mixed`` (the step's own ``precision``), for each ``--layouts``:
-  ``packed`` (the step's own: queries end to end, a shared context once) and ``padded``
-  (right-padded rows, the step with packing switched off: the same-run baseline); and
+  ``padded`` (right-padded rows, the step's default) and ``packed`` (``pack_sequences``:
+  queries end to end, a shared context once); and
   tokenization with the tokenizer's thread pool on (``TOKENIZERS_PARALLELISM=true``) against off.
 
 The issue's target is 20,000 queries/s for 124M; the report states the gap.
@@ -117,22 +117,6 @@ class Clock:
         value = function()
         self.sync()
         return value, time.perf_counter() - begin
-
-
-@contextlib.contextmanager
-def layout_context(layout: str) -> Iterator[None]:
-    """``packed``: as the step runs; ``padded``: the model reports no support for packing."""
-    from unittest import mock
-
-    from tango_fairscale.model import ModelWrapper
-
-    if layout == "packed":
-        yield
-    elif layout == "padded":
-        with mock.patch.object(ModelWrapper, "supports_packing", new=False):
-            yield
-    else:
-        raise SystemExit(f"unknown layout {layout!r}; use packed or padded")
 
 
 def batch_layout(
@@ -279,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         "warm_s": round(tokenize_s, 4),
         "queries_per_s_warm": round(n / tokenize_s, 1),
     }
-    packed = model.supports_packing
+    packed = False  # the step's default
     report["data"]["packed"] = packed
     for bs in batch_sizes:
         layout = batch_layout(queries, bs, None, packed, model.pad_token_id)
@@ -435,18 +419,22 @@ def main(argv: list[str] | None = None) -> int:
                         f"token budget {budget} {precision} {layout} skipped (budget)"
                     )
                     continue
-                with layout_context(layout):
-                    entry = measure_budget(
-                        lambda budget=budget, precision=precision: PiqaPredictionsStep().run(
+                if layout not in ("packed", "padded"):
+                    raise SystemExit(f"unknown layout {layout!r}; use packed or padded")
+                entry = measure_budget(
+                    lambda budget=budget, precision=precision, layout=layout: (
+                        PiqaPredictionsStep().run(
                             model=model,
                             dataset_dict=dataset_dict,
                             batch_size=args.budget_batch_size,
                             max_batch_tokens=budget,
                             precision=precision,
-                        ),
-                        clock,
-                        max(1, args.repeats),
-                    )
+                            pack_sequences=layout == "packed",
+                        )
+                    ),
+                    clock,
+                    max(1, args.repeats),
+                )
                 scores = entry.pop("scores")
                 entry.update(
                     precision=precision,
@@ -615,8 +603,8 @@ def markdown(report: dict[str, Any]) -> str:
             f"## Token budgets (step path, batch_size {report['settings']['budget_batch_size']}, "
             "`max_batch_tokens`)",
             "",
-            "`packed`: the step's layout (queries end to end, a shared context once); `padded`: "
-            "right-padded rows (packing switched off), the same-run baseline. `positions`: "
+            "`padded`: right-padded rows (the step's default); `packed`: `pack_sequences` "
+            "(queries end to end, a shared context once). `positions`: "
             "positions fed to the model over all forwards.",
             "",
             "| precision | max_batch_tokens | layout | forwards | positions | pad % | step s "

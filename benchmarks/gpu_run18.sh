@@ -3,7 +3,9 @@
 # packing. The GPU-only model tests (packed vs padded on a GPU among them); eval_speed.py token
 # budgets, packed against padded, with packed rows of 512 and 256 tokens; train_speed.py on
 # PIQA at world size 1, packed against padded: batch 16 (the FairScale issue's workload) and 64.
-# (Ran at ecc7733; eval_speed.py's --packed-row-tokens went with the fixed row budget after it.)
+# (eval_speed.py's --packed-row-tokens was removed after this run.)
+# Ran at ecc7733, when packing was the default and `-padded` configs opted out; since then
+# packing is opt-in (`-packed` configs, `pack_sequences`).
 # Needs .whl/ and .gpudata/ carried; writes under $OUT. Set BENCH_COMMIT.
 set -u -o pipefail
 DEFAULT_TOTAL_S=540

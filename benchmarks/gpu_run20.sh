@@ -4,6 +4,8 @@
 # few rows carried the masked attention). GPU-only model tests; eval_speed.py token budgets
 # packed against padded; train_speed.py on PIQA at world size 1, packed against padded: 124M
 # batch 16 (ddp fp32 / bf16, fairscale bf16 + checkpointing), 1.5B ddp bf16 at batch 64 and 16.
+# Ran at 990f769, when packing was the default and `-padded` configs opted out; since then
+# packing is opt-in (`-packed` configs, `pack_sequences`).
 # Needs .whl/ and .gpudata/ carried; writes under $OUT. Set BENCH_COMMIT.
 set -u -o pipefail
 DEFAULT_TOTAL_S=560

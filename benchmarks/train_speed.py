@@ -13,8 +13,8 @@ Data (``--data``):
 * ``piqa``: real PIQA training examples, built as the training step builds them: the
   ``BatchSchedule`` of ``tango_fairscale.train`` (global batch ``batch_size x world_size``, rank
   ``r`` takes the ``r``-th slice), ``training_queries`` (correct answer only) tokenized before the
-  timed loop and ``training_batch`` inside it: packed rows where the engine takes them (every
-  engine but ``pipe``), else right-padded ones. Every configuration of one world size sees the
+  timed loop and ``training_batch`` inside it: right-padded rows, or packed ones for
+  ``packed`` configs (``pack_sequences``). Every configuration of one world size sees the
   same examples. Reported: real (non-pad) tokens/s, tokens/s of all positions fed to the model
   (``rows x positions``), padding fraction, and peak memory per GPU.
 
@@ -28,8 +28,8 @@ Configurations are ``ENGINE-PRECISION[-MODIFIER...]``:
   (``bf16-true``).
 * MODIFIERS (sharded engines): ``root`` (no per-block units), ``ckpt`` (activation
   checkpointing of every unit), ``offload`` (CPU offload), ``noflat``, ``noreshard``; also for
-  ddp: ``compile`` (torch.compile per block), ``fused`` (fused AdamW), ``padded`` (PIQA data:
-  right-padded batches instead of packed ones, the baseline of packing).
+  ddp: ``compile`` (torch.compile per block), ``fused`` (fused AdamW), ``packed`` (PIQA data:
+  packed batches, the training step's ``pack_sequences``; not for pipe).
 * MODIFIERS (pipe): ``cN`` (N chunks = micro-batches, default 4), ``ckpt-always`` /
   ``ckpt-never`` / ``ckpt-except_last`` (default), ``bA_B`` (A and B blocks per stage; default
   automatic by parameter count). A pipe's batch is the whole pipe's (B rows, cut into N
@@ -81,9 +81,9 @@ _bench.setup_paths()
 ROOT_ONLY_PATTERNS: list[str] = []
 
 ENGINES = ("ddp", "fairscale", "fsdp2", "pipe")
-MODIFIERS = ("root", "ckpt", "offload", "noflat", "noreshard", "compile", "fused", "padded")
+MODIFIERS = ("root", "ckpt", "offload", "noflat", "noreshard", "compile", "fused", "packed")
 #: Modifiers that are not sharding options (the DDP engine takes them too).
-ENGINE_MODIFIERS = ("compile", "fused", "padded")
+ENGINE_MODIFIERS = ("compile", "fused", "packed")
 PIPE_CHECKPOINT_MODES = ("never", "always", "except_last")
 PIPE_DEFAULT_CHUNKS = 4
 DEFAULT_BATCH = "124m=16,355m=16,774m=8,1.5b=8,tiny=2"
@@ -344,7 +344,7 @@ def _measure(rank: int, spec: dict[str, Any], result_dir: Path) -> dict[str, Any
             for examples in spec["piqa_batches"][rank]
         ]
         pad_token_id, max_length = wrapped.pad_token_id, wrapped.max_length
-        packed = engine.accepts_packed_batches and "padded" not in modifiers
+        packed = "packed" in modifiers
 
         def batch_for(step: int) -> dict[str, Any]:
             return training_batch(step_queries[step], pad_token_id, max_length, packed)
@@ -981,8 +981,8 @@ def markdown(report: dict[str, Any]) -> str:
     if piqa:
         data = (
             "PIQA training examples (correct answer only, `training_queries` + `training_batch`: "
-            "packed rows where the engine takes them, right-padded for pipe and `-padded` "
-            "configs), a different slice per rank, new batches every step; tokens/s counts "
+            "right-padded rows, packed ones for `-packed` configs), a different slice per "
+            "rank, new batches every step; tokens/s counts "
             "real (non-pad) positions, `padded tok/s` all `rows x positions`; throughput = tokens "
             "of the timed steps / their summed time"
         )
@@ -1284,7 +1284,7 @@ def main(argv: list[str] | None = None) -> int:
             "data_description": (
                 "PIQA training examples: BatchSchedule(seed) global batch of batch_size x "
                 "world_size, rank r's slice; training_queries (correct answer) + training_batch "
-                "(packed unless -padded or pipe; built inside the timed step)"
+                "(packed for -packed configs; built inside the timed step)"
                 if args.data == "piqa"
                 else "fixed random token ids, labels = inputs (every position scored)"
             ),

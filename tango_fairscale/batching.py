@@ -152,6 +152,11 @@ def collate(
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
 
+#: Packed rows are filled up to this many tokens (a longer segment takes a row of its own). The
+#: attention of a packed row is computed over the whole row and masked: wider rows waste more.
+PACKED_ROW_TOKENS = 512
+
+
 def packed_batch(
     queries: Sequence[Query], pad_token_id: int, width_multiple: int = 1
 ) -> dict[str, torch.Tensor]:
@@ -162,11 +167,8 @@ def packed_batch(
     of ``n`` tokens takes ``n - 1`` places. Queries with the same context tokens (PIQA's two
     choices of one goal) form one *segment*: the context once (but its last token), then each
     query's own tokens from there (each predicts its first continuation token from its own copy
-    of the context's last token). Segments, longest first, fill rows as wide as the longest
-    (next fit), padded to a multiple of ``width_multiple``: a packed batch is never wider, and
-    has no more rows, than the same queries right-padded. (Wider rows measured slower on an
-    H200: a packed row's attention is computed over the whole row, masked, and the masked
-    kernels spread fewer rows over fewer thread blocks.)
+    of the context's last token). Segments, longest first, fill rows of ``PACKED_ROW_TOKENS``
+    (next fit), padded to a multiple of ``width_multiple``.
 
     Besides ``input_ids``, ``labels`` and ``attention_mask`` (1 on real tokens), the batch holds
     ``position_ids`` (each token's position in its own query; 0 on padding) and ``query_ids``
@@ -178,7 +180,7 @@ def packed_batch(
     pieces = [_segment_pieces(queries, members) for members in _context_groups(queries)]
     sizes = [sum(piece.length for piece in segment) for segment in pieces]
     order = sorted(range(len(pieces)), key=lambda s: (-sizes[s], s))
-    capacity = -(-sizes[order[0]] // width_multiple) * width_multiple
+    capacity = max(PACKED_ROW_TOKENS, sizes[order[0]])
     rows: list[list[int]] = []
     fill = capacity
     for index in order:  # next fit: segments come longest first

@@ -258,22 +258,22 @@ def test_packed_batch_shares_a_common_context_and_fills_rows_longest_first() -> 
     batch = packed_batch(queries, pad_token_id=0, width_multiple=8)
     assert set(batch) == {"input_ids", "attention_mask", "labels", "position_ids", "query_ids"}
     # Shifted rows (input t predicts labels[t]); segments longest first, ties by first query:
-    # queries 0 and 2 (5 inputs), 3 (5), 1 (2), in rows of the longest rounded up to 8.
-    assert batch["input_ids"].tolist() == [[1, 2, 3, 4, 3, 0, 0, 0], [5, 5, 5, 5, 5, 9, 8, 0]]
-    assert batch["labels"].tolist() == [[x, x, 4, 5, 7, x, x, x], [x, x, 5, 5, 5, x, 7, x]]
-    assert batch["position_ids"].tolist() == [[0, 1, 2, 3, 2, 0, 0, 0], [0, 1, 2, 3, 4, 0, 1, 0]]
-    assert batch["query_ids"].tolist() == [
-        [-1, -1, 0, 0, 2, -1, -1, -1],
-        [3, 3, 3, 3, 3, 1, 1, -1],
-    ]
-    assert batch["attention_mask"].tolist() == [[1] * 5 + [0] * 3, [1] * 7 + [0]]
+    # queries 0 and 2 (5 inputs), 3 (5), 1 (2); 12 inputs padded to 16.
+    assert batch["input_ids"].tolist() == [[1, 2, 3, 4, 3, 5, 5, 5, 5, 5, 9, 8, 0, 0, 0, 0]]
+    assert batch["labels"].tolist() == [[x, x, 4, 5, 7, x, x, 5, 5, 5, x, 7, x, x, x, x]]
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 3, 2, 0, 1, 2, 3, 4, 0, 1, 0, 0, 0, 0]]
+    assert batch["query_ids"].tolist() == [[-1, -1, 0, 0, 2, 3, 3, 3, 3, 3, 1, 1, -1, -1, -1, -1]]
+    assert batch["attention_mask"].tolist() == [[1] * 12 + [0] * 4]
 
 
-def test_packed_rows_are_as_wide_as_the_longest_segment() -> None:
+def test_packed_batch_rows_hold_at_most_the_row_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tango_fairscale import batching
+
+    monkeypatch.setattr(batching, "PACKED_ROW_TOKENS", 10)
     queries = [Query(tuple(range(100 + i, 104 + i)), 1) for i in range(5)]  # 3 inputs each
-    queries.append(Query(tuple(range(12)), 2))  # 11 inputs
+    queries.append(Query(tuple(range(12)), 2))  # 11 inputs, past the budget: a row of its own
     batch = packed_batch(queries, pad_token_id=0)
-    # Rows of 11: [11], [3, 3, 3], [3, 3] (next fit, longest first).
+    # Capacity = max(budget, longest) = 11: rows [11], [3, 3, 3], [3, 3] (next fit).
     assert batch["input_ids"].shape == (3, 11)
     assert batch["query_ids"][:, 0].tolist() == [5, 0, 3]
     assert batch["attention_mask"].sum(dim=1).tolist() == [11, 9, 6]
@@ -302,10 +302,10 @@ def test_packed_batch_never_shares_a_scored_token() -> None:
 def test_packed_training_batches_feed_multiples_of_64_positions() -> None:
     from tango_fairscale.batching import training_batch
 
-    queries = [Query(tuple(range(n)), 2) for n in (10, 20, 50)]  # 9, 19, 49 inputs
+    queries = [Query(tuple(range(n)), 2) for n in (30, 40, 50)]
     batch = training_batch(queries, 0, max_length=1023, packed=True)
-    assert batch["input_ids"].shape == (2, 64)  # [49, 9], [19]; right-padded: (3, 64)
-    assert batch["attention_mask"].sum() == 77
+    assert batch["input_ids"].shape == (1, 128)  # 117 inputs
+    assert batch["attention_mask"].sum() == 117
 
 
 def test_packed_scoring_batches_keep_a_context_together() -> None:

@@ -264,9 +264,9 @@ def test_num_forwards_pads_with_discarded_forwards(model: ModelWrapper, examples
     padded = cpu_scores(model, queries, 4, forward=counting, num_forwards=6)
     assert calls == [4, 4, 2, 1, 1, 1]
     assert padded == plain
-    calls.clear()  # packed: an example's two choices per row
+    calls.clear()  # packed: one row per forward here (a batch's queries fit in one row)
     packed = cpu_scores(model, queries, 4, forward=counting, num_forwards=4, packed=True)
-    assert calls == [2, 2, 1, 1]
+    assert calls == [1, 1, 1, 1]
     np.testing.assert_allclose(packed, plain, rtol=1e-5)
 
 
@@ -319,6 +319,11 @@ def test_predictions_step_scores_every_example(model: ModelWrapper, examples: li
     expected = [one_query_log_likelihood(model, q) for q in queries]
     got = [ll for p in result for ll in p["loglikelihoods"]]
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-4)
+    packed = step.run(model=model, dataset_dict=dataset, batch_size=4, pack_sequences=True)
+    got = [ll for p in packed for ll in p["loglikelihoods"]]
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-4)
+    with pytest.raises(ConfigurationError, match="pack_sequences must be true or false, got 1"):
+        step.run(model=model, dataset_dict=dataset, pack_sequences=1)
     with pytest.raises(ConfigurationError, match="split 'test' is not in the dataset"):
         step.run(model=model, dataset_dict=dataset, split="test")
     with pytest.raises(ConfigurationError, match="split 'train' holds no examples"):

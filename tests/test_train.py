@@ -283,3 +283,31 @@ def test_a_full_disk_keeps_the_previous_checkpoint(
     steps = [r["step"] for r in map(json.loads, raw) if "train_loss" in r]
     assert steps.count(5) == 1 and steps.count(6) == 2 and steps[-1] == 20
     assert not list((tmp_path / "checkpoints").glob(".partial-*"))
+
+
+def test_packed_training_matches_padded(ddp_reference, tmp_path, tiny_model_dir, piqa_small):
+    """``pack_sequences``: 2 processes of DDP on packed micro-batches (and packed validation)
+    reproduce the padded run's losses, weights and accuracies."""
+    from conftest import assert_same_training, train_tiny
+
+    trained = train_tiny(
+        tmp_path, tiny_model_dir, piqa_small, device_count=2, step_options={"pack_sequences": True}
+    )
+    assert_same_training(ddp_reference, trained.training_log, trained.state_dict())
+
+
+def test_packing_with_the_pipe_engine_is_refused(tmp_path, tiny_model_dir, piqa_small) -> None:
+    from conftest import train_tiny
+    from tango.common.exceptions import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="pack_sequences needs an engine .* set pack_seq"):
+        train_tiny(
+            tmp_path,
+            tiny_model_dir,
+            piqa_small,
+            "tango_fairscale::pipe",
+            step_options={"pack_sequences": True},
+            balance=[1, 1],
+            chunks=2,
+            devices=["cpu", "cpu"],
+        )
