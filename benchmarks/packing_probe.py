@@ -26,6 +26,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     _bench.add_data_arguments(parser)
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--sections", default="train,score,profile")
+    parser.add_argument("--profile-precision", default="bf16", choices=("fp32", "bf16"))
+    parser.add_argument("--pack-sequences", default="both", choices=("both", "packed", "padded"))
     args = parser.parse_args()
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -61,8 +64,10 @@ def main() -> None:
         "default": contextlib.nullcontext,
         "efficient": lambda: sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]),
     }
-    for precision in ("fp32", "bf16"):
-        for packed in (False, True):
+    sections = args.sections.split(",")
+    layouts = {"both": (False, True), "packed": (True,), "padded": (False,)}[args.pack_sequences]
+    for precision in ("fp32", "bf16") if "train" in sections else ():
+        for packed in layouts:
             for backend, context in backends.items():
                 autocast = torch.autocast("cuda", torch.bfloat16, enabled=precision == "bf16")
                 times = []
@@ -88,7 +93,7 @@ def main() -> None:
     examples = list(splits["validation"])
     queries = choice_queries(examples, tokenizer, model.max_length)
     model.eval()
-    for packed in (False, True):
+    for packed in layouts if "score" in sections else ():
         make = packed_batch if packed else collate
         batches = [
             move_batch(make([queries[i] for i in b], 50256), device)
@@ -111,17 +116,19 @@ def main() -> None:
     model.train()
     from torch.profiler import ProfilerActivity, profile
 
-    for packed in (True, False):
+    bf16 = args.profile_precision == "bf16"
+    for packed in layouts if "profile" in sections else ():
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for queries in steps[:5]:
                 batch = move_batch(training_batch(queries, 50256, 1024, packed), device)
-                with torch.autocast("cuda", torch.bfloat16):
+                with torch.autocast("cuda", torch.bfloat16, enabled=bf16):
                     loss = model(**batch)["loss"]
                 loss.backward()
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
             sync()
-        print(f"=== profile, bf16 training, {'packed' if packed else 'padded'}")
+        layout = "packed" if packed else "padded"
+        print(f"=== profile, {args.profile_precision} training, {layout}")
         table = prof.key_averages().table
         print(table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=70))
         print(table(sort_by="cpu_time_total", row_limit=10, max_name_column_width=70))
