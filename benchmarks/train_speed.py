@@ -1019,8 +1019,8 @@ def markdown(report: dict[str, Any]) -> str:
     head = ["world", "shape", "config", "batch", "step ms", "tokens/s/GPU"]
     align = ["---:", "---", "---", "---:", "---:", "---:"]
     if piqa:
-        head += ["padded tok/s/GPU", "pad %"]
-        align += ["---:", "---:"]
+        head += ["median step ms", "padded tok/s/GPU", "pad %"]
+        align += ["---:", "---:", "---:"]
     head += ["x base"]
     align += ["---:"]
     if compare_to:
@@ -1055,6 +1055,7 @@ def markdown(report: dict[str, Any]) -> str:
         cells += [step, f"{r['tokens_per_s_per_gpu']:,.0f}"]
         if piqa:
             cells += [
+                f"{1000 * r['step_time_s_median']:.1f}",
                 f"{r['padded_tokens_per_s_per_gpu']:,.0f}",
                 f"{100 * r['padding_fraction']:.1f}",
             ]
@@ -1078,7 +1079,12 @@ def markdown(report: dict[str, Any]) -> str:
         ]
         lines.append("| " + " | ".join(cells) + " |")
     if piqa:
-        lines += ["", "`step ms`: mean over the timed steps (batches differ in length)."]
+        lines += [
+            "",
+            "`step ms`: mean over the timed steps (batches differ in length; a step with a new "
+            "batch shape can take 0.2-6 s of kernel selection or recompilation, so the mean "
+            "depends on how many shapes the run met); `median step ms`: the typical step.",
+        ]
     checks = report.get("target_checks") or []
     if checks:
         target, other = checks[0]["target"], checks[0]["compare_to"]
