@@ -15,6 +15,7 @@ and ``labels`` (the token id on continuation tokens, ``-100`` on context and pad
 
 from __future__ import annotations
 
+import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -191,36 +192,44 @@ def packed_batch(
         fill += sizes[index]
     width = max(sum(sizes[s] for s in row) for row in rows)
     width = -(-width // width_multiple) * width_multiple
-    # Every row, then its padding, is a run of pieces: (query or -1, first position, length,
-    # offset of the first scored target); a token's position is its piece's first plus its offset.
+    # Flat Python lists, one tensor each at the end (building them from tensors per piece, or
+    # with torch.repeat_interleave, measured 7x slower on a CPU).
     inputs: list[int] = []
-    targets: list[int] = []
-    runs: list[tuple[int, int, int, int]] = []
+    labels: list[int] = []
+    positions: list[int] = []
+    owners: list[int] = []
+    filled = []
     for row in rows:
         used = 0
         for index in row:
             for piece in pieces[index]:
                 source = queries[piece.source].tokens
-                inputs.extend(source[piece.start : piece.start + piece.length])
-                targets.extend(source[piece.start + 1 : piece.start + piece.length + 1])
-                runs.append((piece.query_id, piece.start, piece.length, piece.scored_from))
-                used += piece.length
-        inputs.extend([pad_token_id] * (width - used))
-        targets.extend([pad_token_id] * (width - used))
-        runs.append((-1, -1, width - used, width))
-    query_id, first_position, length, scored_from = torch.tensor(runs).T
-    offsets = torch.arange(len(inputs)) - torch.repeat_interleave(length.cumsum(0) - length, length)
-    padding = torch.repeat_interleave(first_position < 0, length)
-    positions = torch.where(padding, 0, torch.repeat_interleave(first_position, length) + offsets)
-    scored = offsets >= torch.repeat_interleave(scored_from, length)
+                start, length, scored = piece.start, piece.length, piece.scored_from
+                inputs.extend(source[start : start + length])
+                labels.extend([IGNORE_INDEX] * scored)
+                labels.extend(source[start + scored + 1 : start + length + 1])
+                positions.extend(range(start, start + length))
+                owners.extend([piece.query_id] * length)
+                used += length
+        padding = width - used
+        inputs.extend([pad_token_id] * padding)
+        labels.extend([IGNORE_INDEX] * padding)
+        positions.extend([0] * padding)
+        owners.extend([-1] * padding)
+        filled.append(used)
     shape = (len(rows), width)
     return {
-        "input_ids": torch.tensor(inputs).view(shape),
-        "attention_mask": (~padding).long().view(shape),
-        "labels": torch.where(scored, torch.tensor(targets), IGNORE_INDEX).view(shape),
-        "position_ids": positions.view(shape),
-        "query_ids": torch.repeat_interleave(query_id, length).view(shape),
+        "input_ids": _long_tensor(inputs).view(shape),
+        "attention_mask": (torch.arange(width) < torch.tensor(filled)[:, None]).long(),
+        "labels": _long_tensor(labels).view(shape),
+        "position_ids": _long_tensor(positions).view(shape),
+        "query_ids": _long_tensor(owners).view(shape),
     }
+
+
+def _long_tensor(values: list[int]) -> torch.Tensor:
+    """``torch.tensor(values)``, 6x faster for long lists (through a C array)."""
+    return torch.frombuffer(array.array("q", values), dtype=torch.long)
 
 
 class _Piece(NamedTuple):
