@@ -67,15 +67,20 @@ assert !(std.extVar('engine') == 'pipe' && int('device_count') > 1) :
       seed: int('seed'),
       device_count: int('device_count'),
       validate_every: int('validate_every'),
+      // Speed only (not in the cache key): queries packed end to end instead of padded rows
+      // (the pipe engine cuts batches into rows and takes padded ones).
+      pack_sequences: std.extVar('engine') != 'pipe',
     },
     predictions: {
       type: 'tango_fairscale::piqa_predictions',
       model: if train_steps > 0 then ref('trained_model') else model,
       dataset_dict: ref('piqa'),
       split: 'validation',
-      // Speed only (not in the cache key): length-sorted batches of at most 16k padded tokens.
+      // Speed only (not in the cache key): length-sorted batches of at most 16k tokens, packed
+      // (an example's context once for both choices).
       batch_size: 256,
       max_batch_tokens: 16384,
+      pack_sequences: true,
     },
     metrics: {
       type: 'tango_fairscale::piqa_metrics',

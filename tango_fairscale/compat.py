@@ -310,9 +310,10 @@ def load_local_state_dict(model: Any, state: dict) -> None:
 # 8. Without an attention mask, transformers 5 looks for packed sequences in every forward
 #    (``masking_utils.find_packed_sequence_indices``: ``(mask[:, -1] == 0).all()`` read on the
 #    host), which makes the CPU wait for the GPU once per forward and leaves the GPU idle while
-#    Python launches the rest of it. Rows of :class:`~tango_fairscale.model.ModelWrapper`'s
-#    batches are never packed (one right-padded sequence per row, positions from 0), so
-#    :func:`unpacked_sequences` answers "not packed" without looking, for the duration of a call.
+#    Python launches the rest of it. :class:`~tango_fairscale.model.ModelWrapper` calls it
+#    without a mask only for right-padded batches (one sequence per row, positions from 0; packed
+#    batches come with their own mask), so :func:`unpacked_sequences` answers "not packed"
+#    without looking, for the duration of that call.
 
 
 @contextlib.contextmanager

@@ -50,6 +50,10 @@ class ModelWrapper(Model):
     * ``loss``: the mean over rows of the per-token cross-entropy of each row — the same for any
       split of a batch into equal parts, so data-parallel ranks average to the global loss.
 
+    With ``position_ids`` and ``query_ids`` it takes a packed batch from
+    :func:`tango_fairscale.batching.packed_batch` instead (where :attr:`supports_packing`) and
+    returns the same per query (``B`` = queries) as their right-padded rows would.
+
     Example (Jsonnet)::
 
         model: {type: "tango_fairscale::causal_lm", model: "gpt2"}

@@ -285,13 +285,21 @@ def test_a_full_disk_keeps_the_previous_checkpoint(
     assert not list((tmp_path / "checkpoints").glob(".partial-*"))
 
 
-def test_packed_training_matches_padded(ddp_reference, tmp_path, tiny_model_dir, piqa_small):
-    """``pack_sequences``: 2 processes of DDP on packed micro-batches (and packed validation)
-    reproduce the padded run's losses, weights and accuracies."""
+@pytest.mark.parametrize("engine", ["ddp", "fairscale", "fsdp2"])
+def test_packed_training_matches_padded(
+    engine, ddp_reference, tmp_path, tiny_model_dir, piqa_small
+) -> None:
+    """``pack_sequences``: 2 processes on packed micro-batches (and packed validation) reproduce
+    padded DDP's losses, weights and accuracies, through every engine that takes them."""
     from conftest import assert_same_training, train_tiny
 
     trained = train_tiny(
-        tmp_path, tiny_model_dir, piqa_small, device_count=2, step_options={"pack_sequences": True}
+        tmp_path,
+        tiny_model_dir,
+        piqa_small,
+        f"tango_fairscale::{engine}",
+        device_count=2,
+        step_options={"pack_sequences": True},
     )
     assert_same_training(ddp_reference, trained.training_log, trained.state_dict())
 
