@@ -267,6 +267,12 @@ def test_unknown_split_and_signal_names() -> None:
     one_line(err.value, "preemption_signal must be one of SIGTERM, ", "got 'SIGKILL'")
 
 
+def test_pack_sequences_must_be_a_boolean() -> None:
+    with pytest.raises(ConfigurationError) as err:
+        train(pack_sequences="yes")
+    one_line(err.value, "pack_sequences must be true or false, got 'yes'")
+
+
 # Model config ------------------------------------------------------------------------------------
 
 
