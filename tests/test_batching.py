@@ -1,4 +1,4 @@
-"""Tests for PIQA instances → token queries → padded batches (``tango_fairscale.batching``).
+"""Tests of ``tango_fairscale.batching``: PIQA instances → token queries → padded, packed batches.
 
 The reference semantics are lm-evaluation-harness's: ``_encode_pair`` (trailing whitespace of the
 context moves to the continuation; the continuation's tokens are the tokens of
