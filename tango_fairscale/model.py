@@ -120,15 +120,15 @@ class ModelWrapper(Model):
         position_ids: torch.Tensor | None = None,
         query_ids: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
-        # Position t is predicted from positions < t: the last token is never an input.
-        # Batches are right-padded, so the causal mask alone keeps every real token from seeing
-        # padding (which only follows it): ``attention_mask`` is not passed on, and attention
-        # takes SDPA's fused causal kernel instead of a materialised (B, 1, T, T) mask.
         # No key/value cache: it costs memory, and activation checkpointing would replay a
         # forward into the same cache object and double its length.
         del attention_mask
         head = self.model.get_output_embeddings()
         if position_ids is None:
+            # Right-padded rows: position t is predicted from positions < t, so the last token is
+            # never an input, and the causal mask alone keeps every real token from seeing
+            # padding (which only follows it): ``attention_mask`` is not passed on, and attention
+            # takes SDPA's fused causal kernel instead of a materialised (B, 1, T, T) mask.
             with compat.unpacked_sequences():  # no host read of a GPU tensor per forward
                 hidden = self.model.base_model(
                     input_ids=input_ids[:, :-1], use_cache=False
