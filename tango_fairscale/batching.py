@@ -181,7 +181,7 @@ def packed_batch(
     :func:`collate`'s up to float rounding.
     """
     pieces = [_segment_pieces(queries, members) for members in _context_groups(queries)]
-    sizes = [sum(piece.length for piece in segment) for segment in pieces]
+    sizes = [_segment_length(segment) for segment in pieces]
     order = sorted(range(len(pieces)), key=lambda s: (-sizes[s], s))
     capacity = max(PACKED_ROW_TOKENS, sizes[order[0]])
     rows: list[list[int]] = []
@@ -272,9 +272,9 @@ def _segment_pieces(queries: Sequence[Query], members: Sequence[int]) -> list[_P
     return pieces
 
 
-def _segment_length(queries: Sequence[Query], members: Sequence[int]) -> int:
-    shared = _shared_length(queries, members)
-    return shared + sum(len(queries[index]) - 1 - shared for index in members)
+def _segment_length(pieces: Sequence[_Piece]) -> int:
+    """Places a segment takes in a packed row."""
+    return sum(piece.length for piece in pieces)
 
 
 def scoring_batches(
@@ -297,7 +297,7 @@ def scoring_batches(
         for group in _context_groups(queries)
         for start in range(0, len(group), batch_size)
     ]
-    sizes = [_segment_length(queries, group) for group in groups]
+    sizes = [_segment_length(_segment_pieces(queries, group)) for group in groups]
     batches: list[list[int]] = []
     count = tokens = 0
     for index in sorted(range(len(groups)), key=lambda g: (-sizes[g], g)):
