@@ -65,3 +65,15 @@ eval_speed_standard() {
   echo "== rc=$? after $(elapsed) s"
   cat "$OUT/$1.md"
 }
+
+# eval_speed.py's token-budget section only (124M; the step path at batch 4096, no precision
+# variants; fp32 and bf16-mixed, each layout): eval_speed_budgets BUDGETS writes
+# $OUT/eval_speed.json and .md (gpu_run16.sh, gpu_run20.sh, gpu_run22.sh).
+eval_speed_budgets() {
+  echo "== eval_speed" | tee -a "$LOG"
+  TOKENIZERS_PARALLELISM=true timeout -k 10 100 $PY benchmarks/eval_speed.py "${TINY[@]}" \
+    --piqa "$PIQA" --tokenizer "$TOK" --shape 124m --batch-sizes 4096 --single-queries 20 \
+    --repeats 5 --variants '' --token-budgets "$1" --budget-batch-size 4096 \
+    --budget-s 80 --out "$OUT/eval_speed.json" >>"$LOG" 2>&1
+  echo "== rc=$? after $(elapsed) s"
+}

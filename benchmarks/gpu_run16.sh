@@ -11,12 +11,7 @@ source benchmarks/_gpu_setup.sh
 
 gpu_tests tests/test_model.py
 
-echo "== eval_speed" | tee -a "$LOG"
-TOKENIZERS_PARALLELISM=true timeout -k 10 100 $PY benchmarks/eval_speed.py "${TINY[@]}" \
-  --piqa "$PIQA" --tokenizer "$TOK" --shape 124m --batch-sizes 4096 --single-queries 20 \
-  --repeats 5 --variants '' --token-budgets 8192,16384,32768 --budget-batch-size 4096 \
-  --budget-s 80 --out "$OUT/eval_speed.json" >>"$LOG" 2>&1
-echo "== rc=$? after $(elapsed) s"
+eval_speed_budgets 8192,16384,32768
 cat "$OUT/eval_speed.md"
 
 budget=$(( $(left) - 10 ))
