@@ -303,7 +303,9 @@ def test_validate_all_ranks_single_process_equals_score_queries_and_metrics(
     assert (result["acc"], result["acc_norm"]) == (lm_eval["acc"], lm_eval["acc_norm"])
 
 
-def test_predictions_step_scores_every_example(model: ModelWrapper, examples: list) -> None:
+def test_predictions_step_scores_every_example(
+    model: ModelWrapper, examples: list, tiny_model_dir: Path
+) -> None:
     from tango.common.dataset_dict import DatasetDict
     from tango.common.exceptions import ConfigurationError
 
@@ -324,6 +326,10 @@ def test_predictions_step_scores_every_example(model: ModelWrapper, examples: li
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-4)
     with pytest.raises(ConfigurationError, match="pack_sequences must be true or false, got 1"):
         step.run(model=model, dataset_dict=dataset, pack_sequences=1)
+    flash = ModelWrapper(str(tiny_model_dir))
+    flash.model.config._attn_implementation = "flash_attention_2"
+    with pytest.raises(ConfigurationError, match="pack_sequences needs an attention that takes"):
+        step.run(model=flash, dataset_dict=dataset, pack_sequences=True)
     with pytest.raises(ConfigurationError, match="split 'test' is not in the dataset"):
         step.run(model=model, dataset_dict=dataset, split="test")
     with pytest.raises(ConfigurationError, match="split 'train' holds no examples"):
