@@ -194,6 +194,40 @@ def write_text(path: Path, text: str) -> None:
     os.replace(temporary, path)
 
 
+#: GPU kernels by what they do, first match wins (names as cuBLAS, FlashAttention, cuDNN, NCCL,
+#: Inductor and PyTorch's own kernels spell them on an H200 with torch 2.11).
+KERNEL_KINDS: list[tuple[str, tuple[str, ...]]] = [
+    ("communication", ("nccl",)),
+    ("attention", ("flash", "fmha", "sdpa", "attention")),
+    ("gemm", ("gemm", "nvjet", "cutlass", "xmma", "splitk")),
+    ("optimizer", ("multi_tensor_apply", "adam")),
+    ("compiled", ("triton",)),
+    ("memcpy", ("memcpy", "memset")),
+]
+
+
+def kernel_kind(name: str) -> str:
+    """``gemm``, ``attention``, ``compiled`` (Inductor's Triton kernels), ``optimizer``,
+    ``communication``, ``memcpy`` or ``other`` (PyTorch's eager elementwise and reduction
+    kernels) for one GPU kernel's name."""
+    lowered = name.lower()
+    return next((kind for kind, marks in KERNEL_KINDS if any(m in lowered for m in marks)), "other")
+
+
+def gpu_ms_by_kind(events: Any, steps: int) -> dict[str, float]:
+    """Summed GPU kernel time per step (ms) by :func:`kernel_kind`, and ``busy`` (all kernels),
+    from a ``torch.profiler.profile(...).events()`` list covering ``steps`` steps."""
+    from torch.autograd import DeviceType
+
+    totals = {kind: 0.0 for kind, _ in KERNEL_KINDS} | {"other": 0.0}
+    for event in events:
+        if event.device_type == DeviceType.CUDA:
+            totals[kernel_kind(event.name)] += event.time_range.elapsed_us()
+    per_step = {kind: round(us / 1000 / steps, 3) for kind, us in totals.items()}
+    per_step["busy"] = round(sum(totals.values()) / 1000 / steps, 3)
+    return per_step
+
+
 def median(values: list[float]) -> float:
     ordered = sorted(values)
     middle = len(ordered) // 2

@@ -403,6 +403,9 @@ def _measure(rank: int, spec: dict[str, Any], result_dir: Path) -> dict[str, Any
         tokens["padded"].append(rows * width)
         tokens["scored"].append(int((fed["labels"] != -100).sum()))
         tokens["width"].append(width)
+    gpu_ms = None
+    if spec["profile_steps"]:
+        gpu_ms = _profile_steps(spec["profile_steps"], n_steps, batch_for, engine, sync, rank)
     del _outputs, loss
 
     result: dict[str, Any] = {
@@ -412,6 +415,7 @@ def _measure(rank: int, spec: dict[str, Any], result_dir: Path) -> dict[str, Any
         "setup_s": round(setup_s, 2),
         "init_device": "cuda" if init_on_device else "cpu",
         "fsdp_units": fsdp_units,
+        "gpu_ms_per_step": gpu_ms,
         "device": str(device),
         "devices": [str(d) for d in devices],
     }
@@ -437,6 +441,33 @@ def _measure(rank: int, spec: dict[str, Any], result_dir: Path) -> dict[str, Any
         dist.barrier()
         dist.destroy_process_group()
     return result
+
+
+def _profile_steps(
+    count: int, n_steps: int, batch_for: Any, engine: Any, sync: Any, rank: int
+) -> dict[str, float] | None:
+    """``count`` more steps after the timed ones (not counted in them; the run's batches again,
+    from the first), rank 0 under ``torch.profiler``: wall ms per step and GPU kernel ms per
+    step by kind (``_bench.gpu_ms_by_kind``)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    if rank != 0 or not torch.cuda.is_available():
+        for step in range(count):  # the other ranks join every collective
+            loss, _ = engine.forward_train(batch_for(step % n_steps), 0, 1)
+            engine.backward(loss)
+            engine.step()
+        return None
+    sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        begin = time.perf_counter()
+        for step in range(count):
+            loss, _ = engine.forward_train(batch_for(step % n_steps), 0, 1)
+            engine.backward(loss)
+            engine.step()
+        sync()
+        wall = time.perf_counter() - begin
+    return {"wall": round(1000 * wall / count, 3), **_bench.gpu_ms_by_kind(prof.events(), count)}
 
 
 def _inject_fault(rank: int) -> None:
@@ -594,6 +625,11 @@ def summarize(
     )
     if spec["engine"] == "pipe":
         row.update(stage_devices=main.get("stage_devices"), balance=main.get("balance"))
+    gpu_ms = main.get("gpu_ms_per_step")
+    if gpu_ms:
+        row["gpu_ms_per_step"] = gpu_ms
+        if spec["data"] == "synthetic" and spec["engine"] != "pipe":
+            row["kernel_tflops"] = kernel_tflops(spec, gpu_ms)
     if "peak_allocated" in main:
         # Per device: every rank's device(s) in rank order (a pipe: its stages in order).
         row.update(
@@ -615,6 +651,28 @@ def summarize(
     if "gpu_info" in main:
         row["gpu_info"] = main["gpu_info"]
     return row
+
+
+def kernel_tflops(spec: dict[str, Any], gpu_ms: dict[str, float]) -> dict[str, float | None]:
+    """Achieved TFLOP/s inside the GEMM and the attention kernels of one synthetic step.
+
+    GEMM FLOPs per token 6 x (12 n_layer n_embd^2 + vocab n_embd) (the blocks' four
+    projections and the LM head, forward and backward), attention 12 n_layer n_embd seq_len
+    (the MFU formula's term, as if not causal); x 4/3 with activation checkpointing (the
+    forward again).
+    """
+    shape = spec["model_config"]
+    layers, width = shape["n_layer"], shape["n_embd"]
+    recompute = 4 / 3 if "ckpt" in spec.get("modifiers", []) else 1.0
+    tokens = spec["batch_size"] * spec["seq_len"] * recompute
+    flops = {
+        "gemm": 6 * (12 * layers * width**2 + shape["vocab_size"] * width) * tokens,
+        "attention": 12 * layers * width * spec["seq_len"] * tokens,
+    }
+    return {
+        kind: round(flops[kind] / (gpu_ms[kind] / 1000) / 1e12, 1) if gpu_ms.get(kind) else None
+        for kind in flops
+    }
 
 
 # --- baselines and the markdown table ---------------------------------------------------------
@@ -778,7 +836,8 @@ def single_gpu_baseline(row: dict[str, Any], rows: list[dict[str, Any]]) -> Any:
         and r["data"] == row["data"]
     ]
     same = [r for r in group if r["precision"] == row["precision"]]
-    return (same or group or [None])[0]
+    candidates = same or group
+    return candidates[0] if candidates else None
 
 
 def pipe_analysis(report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -1124,12 +1183,47 @@ def markdown(report: dict[str, Any]) -> str:
             )
     if report.get("pipe_analysis"):
         lines += pipe_markdown(report["pipe_analysis"])
+    lines += gpu_time_markdown(report["results"])
     if any("root" in r["modifiers"] for r in report["results"]):
         lines += [
             "",
             "`root`: `modules_to_wrap: []`, the whole model one FSDP unit (catwalk's setting).",
         ]
     return "\n".join(lines) + "\n"
+
+
+def gpu_time_markdown(rows: list[dict[str, Any]]) -> list[str]:
+    """The ``--profile-steps`` section: where each profiled run's GPU time goes."""
+    profiled = [r for r in rows if r.get("gpu_ms_per_step")]
+    if not profiled:
+        return []
+    kinds = [kind for kind, _ in _bench.KERNEL_KINDS] + ["other"]
+    lines = [
+        "",
+        "## Where the GPU time goes (profiled steps)",
+        "",
+        "Steps run after the timed ones under `torch.profiler` (rank 0): wall ms per step, GPU "
+        "kernel ms per step by kind (`gemm`: cuBLAS/CUTLASS matrix products; `attention`: "
+        "SDPA's kernels; `compiled`: Inductor's Triton kernels; `optimizer`: multi-tensor "
+        "kernels of AdamW and gradient clipping; `other`: PyTorch's eager elementwise and "
+        "reduction kernels), `idle` = wall − busy (the GPU waiting on the host). Synthetic data: "
+        "achieved TFLOP/s inside the GEMMs (6 × (12·L·d² + V·d) per token) and the attention "
+        "kernels (12·L·d·T per token, as if not causal); × 4/3 with checkpointing.",
+        "",
+        "| world | shape | config | batch | wall ms | busy ms | idle ms | "
+        + " | ".join(f"{k} ms" for k in kinds)
+        + " | GEMM TFLOP/s | attention TFLOP/s |",
+        "|---:|---|---|---:|" + "---:|" * (3 + len(kinds) + 2),
+    ]
+    for r in profiled:
+        ms = r["gpu_ms_per_step"]
+        rates = r.get("kernel_tflops") or {}
+        cells = [str(r["world_size"]), r["shape"], r["config"], str(r["batch_size"])]
+        cells += [f"{ms['wall']:.1f}", f"{ms['busy']:.1f}", f"{ms['wall'] - ms['busy']:.1f}"]
+        cells += [f"{ms.get(k, 0.0):.1f}" for k in kinds]
+        cells += ["–" if rates.get(k) is None else f"{rates[k]:.0f}" for k in ("gemm", "attention")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 # --- main -------------------------------------------------------------------------------------
@@ -1211,6 +1305,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="all",
         help="the pipe configs' stage devices, comma list (e.g. cuda:0,cuda:1); 'all': every "
         "visible GPU, or cpu,cpu without GPUs",
+    )
+    parser.add_argument(
+        "--profile-steps",
+        type=int,
+        default=0,
+        help="after the timed steps, this many more under torch.profiler (rank 0, GPU): GPU "
+        "kernel time per step by kind (GEMM, attention, ...) in the JSON and a Markdown section",
     )
     parser.add_argument("--config-timeout", type=float, default=240.0, help="seconds per config")
     parser.add_argument(
@@ -1344,6 +1445,7 @@ def main(argv: list[str] | None = None) -> int:
                     "lr": args.lr,
                     "max_grad_norm": args.max_grad_norm,
                     "seed": args.seed,
+                    "profile_steps": args.profile_steps,
                     "tokenizer": tokenizer,
                     "init_device": args.init_device,
                     "cuda": cuda,
