@@ -4,6 +4,9 @@ One process (world size 1), a GPT-2-shaped model (random init), PIQA training ba
 training step builds them; ``--warmup`` untimed steps, then ``--steps`` under the profiler. Prints
 the mean step wall time, the GPU's busy time (summed kernel time) and the top operators by CPU and
 by CUDA time: whether a step waits on the GPU or the GPU on Python, and on which calls.
+``--cprofile``: Python's ``cProfile`` over the steps instead, the functions by own and by
+cumulative time: which Python code (the engine's, FairScale's, torch's hooks) takes a host-bound
+step's time.
 
     python benchmarks/train_profile.py --piqa .gpudata/piqa --tokenizer .gpudata/gpt2-tokenizer \\
         --engine fairscale --precision bf16-mixed --batch-size 16
@@ -15,6 +18,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _bench  # noqa: E402
@@ -32,6 +36,9 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--rows", type=int, default=30, help="operators listed per table")
+    parser.add_argument("--cprofile", action="store_true", help="cProfile instead of torch's")
+    parser.add_argument("--packed", action="store_true", help="packed batches (pack_sequences)")
+    parser.add_argument("--fused", action="store_true", help="fused AdamW")
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/train_profile"))
     args = parser.parse_args()
 
@@ -59,7 +66,9 @@ def main() -> int:
     kwargs: dict = {
         "train_config": config,
         "model": model,
-        "optimizer": Lazy(Optimizer, Params({"type": "torch::AdamW", "lr": 1e-5})),
+        "optimizer": Lazy(
+            Optimizer, Params({"type": "torch::AdamW", "lr": 1e-5, "fused": args.fused})
+        ),
         "precision": args.precision,
         "max_grad_norm": 1.0,
     }
@@ -72,7 +81,9 @@ def main() -> int:
     n = args.batch_size
     queries = training_queries(examples[: n * (args.warmup + args.steps)], model.tokenizer, 1024)
     batches = [
-        training_batch(queries[i * n : (i + 1) * n], model.pad_token_id, model.max_length)
+        training_batch(
+            queries[i * n : (i + 1) * n], model.pad_token_id, model.max_length, args.packed
+        )
         for i in range(args.warmup + args.steps)
     ]
 
@@ -81,11 +92,17 @@ def main() -> int:
         engine.backward(loss)
         engine.step()
 
+    def sync() -> None:
+        torch.cuda.synchronize()
+
     engine.model.train()
     for batch in batches[: args.warmup]:
         step(batch)
     if cuda:
         torch.cuda.synchronize()
+    if args.cprofile:
+        profile_python(step, batches[args.warmup :], args.rows, sync if cuda else None)
+        return 0
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as prof:
         begin = time.perf_counter()
@@ -97,13 +114,34 @@ def main() -> int:
     events = prof.key_averages()
     busy = sum(e.self_device_time_total for e in events) / 1e6
     print(
-        f"{args.engine} {args.precision} checkpointing={args.checkpointing} batch {n}: "
+        f"{args.engine} {args.precision} checkpointing={args.checkpointing} batch {n} "
+        f"packed={args.packed} fused={args.fused}: "
         f"step wall {1000 * wall / args.steps:.1f} ms (profiled); "
         f"GPU kernel time {1000 * busy / args.steps:.1f} ms per step"
     )
     for key in ["self_cpu_time_total"] + (["self_cuda_time_total"] if cuda else []):
         print(events.table(sort_by=key, row_limit=args.rows, max_name_column_width=60))
     return 0
+
+
+def profile_python(step: Any, batches: list, rows: int, sync: Any) -> None:
+    """``cProfile`` over ``step`` on each batch: mean wall ms per step, then the top ``rows``
+    functions by own time and by cumulative time."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    begin = time.perf_counter()
+    profiler.enable()
+    for batch in batches:
+        step(batch)
+    if sync is not None:
+        sync()
+    profiler.disable()
+    wall = time.perf_counter() - begin
+    print(f"cProfile: step wall {1000 * wall / len(batches):.1f} ms (profiled)")
+    for key in ("tottime", "cumulative"):
+        pstats.Stats(profiler).sort_stats(key).print_stats(rows)
 
 
 if __name__ == "__main__":
