@@ -63,12 +63,13 @@ def main() -> int:
     )
     with torch.device("cuda" if cuda else "cpu"):
         model = ModelWrapper(config=_bench.gpt2_config(args.shape), tokenizer=str(args.tokenizer))
+    fused = {"fused": True} if args.fused else {}
     kwargs: dict = {
         "train_config": config,
         "model": model,
-        "optimizer": Lazy(
-            Optimizer, Params({"type": "torch::AdamW", "lr": 1e-5, "fused": args.fused})
-        ),
+        # Without --fused, torch's default (foreach on GPUs); an explicit fused=False would make
+        # AdamW fall back to one parameter at a time.
+        "optimizer": Lazy(Optimizer, Params({"type": "torch::AdamW", "lr": 1e-5} | fused)),
         "precision": args.precision,
         "max_grad_norm": 1.0,
     }
