@@ -452,19 +452,19 @@ def _profile_steps(
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    if rank != 0 or not torch.cuda.is_available():
-        for step in range(count):  # the other ranks join every collective
-            loss, _ = engine.forward_train(batch_for(step % n_steps), 0, 1)
-            engine.backward(loss)
-            engine.step()
-        return None
-    sync()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        begin = time.perf_counter()
+    def run() -> None:
         for step in range(count):
             loss, _ = engine.forward_train(batch_for(step % n_steps), 0, 1)
             engine.backward(loss)
             engine.step()
+
+    if rank != 0 or not torch.cuda.is_available():
+        run()  # the other ranks join every collective
+        return None
+    sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        begin = time.perf_counter()
+        run()
         sync()
         wall = time.perf_counter() - begin
     return {"wall": round(1000 * wall / count, 3), **_bench.gpu_ms_by_kind(prof.events(), count)}
@@ -1206,7 +1206,8 @@ def gpu_time_markdown(rows: list[dict[str, Any]]) -> list[str]:
         "kernel ms per step by kind (`gemm`: cuBLAS/CUTLASS matrix products; `attention`: "
         "SDPA's kernels; `compiled`: Inductor's Triton kernels; `optimizer`: multi-tensor "
         "kernels of AdamW and gradient clipping; `other`: PyTorch's eager elementwise and "
-        "reduction kernels), `idle` = wall − busy (the GPU waiting on the host). Synthetic data: "
+        "reduction kernels), `idle` = wall − busy (the GPU waiting on the host; busy can exceed "
+        "wall where kernels on several streams overlap). Synthetic data: "
         "achieved TFLOP/s inside the GEMMs (6 × (12·L·d² + V·d) per token) and the attention "
         "kernels (12·L·d·T per token, as if not causal); × 4/3 with checkpointing.",
         "",
