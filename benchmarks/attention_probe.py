@@ -42,12 +42,13 @@ def time_attention(
         for _ in range(3)
     )
     grad = torch.randn_like(q)
-    chosen = {
+    contexts: dict[str, contextlib.AbstractContextManager] = {
         "default": contextlib.nullcontext(),
         "flash": sdpa_kernel(SDPBackend.FLASH_ATTENTION),
         "efficient": sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION),
         "cudnn": sdpa_kernel(SDPBackend.CUDNN_ATTENTION),
-    }[backend]
+    }
+    chosen = contexts[backend]
     times = []
     try:
         with chosen:
@@ -76,7 +77,7 @@ def main() -> int:
 
     if not torch.cuda.is_available():
         raise SystemExit("attention_probe.py needs a GPU (SDPA's fused backends are CUDA-only)")
-    results = []
+    results: list[dict[str, Any]] = []
     for case in args.cases.split(","):
         shape, _, rows = case.partition("=")
         dims = _bench.SHAPES[shape]
@@ -90,7 +91,7 @@ def main() -> int:
                     | timing
                 )
                 print(results[-1], flush=True)
-    report = {
+    report: dict[str, Any] = {
         "benchmark": "attention_probe",
         "environment": _bench.environment(args.commit),
         "settings": vars(args) | {"out": str(args.out), "seq_len": 1024, "dtype": "bfloat16"},

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -318,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
             if repeat and over_budget(reserve=30):
                 report["notes"].append(f"batch {bs}: repeats cut at {repeat} (budget)")
                 break
-            predictions, seconds = clock.time(lambda bs=bs: run_step(bs))
+            predictions, seconds = clock.time(functools.partial(run_step, bs))
             step_times.append(seconds)
         assert predictions is not None
         scores = [ll for p in predictions for ll in p["loglikelihoods"]]
@@ -327,13 +328,13 @@ def main(argv: list[str] | None = None) -> int:
         metrics = metrics_from_predictions(predictions)
         score_times = []
         for _ in range(max(1, min(args.repeats, 2))):
-            _, seconds = clock.time(lambda bs=bs: run_scores(bs))
+            _, seconds = clock.time(functools.partial(run_scores, bs))
             score_times.append(seconds)
         batches = on_device_batches(bs)
         run_forwards(batches)
         forward_times = []
         for _ in range(max(1, args.repeats)):
-            _, seconds = clock.time(lambda batches=batches: run_forwards(batches))
+            _, seconds = clock.time(functools.partial(run_forwards, batches))
             forward_times.append(seconds)
         del batches
         entry.update(
@@ -422,15 +423,14 @@ def main(argv: list[str] | None = None) -> int:
                 if layout not in ("packed", "padded"):
                     raise SystemExit(f"unknown layout {layout!r}; use packed or padded")
                 entry = measure_budget(
-                    lambda budget=budget, precision=precision, layout=layout: (
-                        PiqaPredictionsStep().run(
-                            model=model,
-                            dataset_dict=dataset_dict,
-                            batch_size=args.budget_batch_size,
-                            max_batch_tokens=budget,
-                            precision=precision,
-                            pack_sequences=layout == "packed",
-                        )
+                    functools.partial(
+                        PiqaPredictionsStep().run,
+                        model=model,
+                        dataset_dict=dataset_dict,
+                        batch_size=args.budget_batch_size,
+                        max_batch_tokens=budget,
+                        precision=precision,
+                        pack_sequences=layout == "packed",
                     ),
                     clock,
                     max(1, args.repeats),

@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -60,7 +61,7 @@ def main() -> None:
     def sync() -> None:
         torch.cuda.synchronize()
 
-    backends = {
+    backends: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
         "default": contextlib.nullcontext,
         "efficient": lambda: sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]),
     }

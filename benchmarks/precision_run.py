@@ -59,7 +59,7 @@ class _StepRecorder:
         if not path or not self.train_config.is_local_main_process:  # type: ignore[attr-defined]
             return
         record: dict[str, Any] = {"t": time.time()}
-        if scaler is not None:
+        if scaler is not None and before is not None:
             after = float(scaler.get_scale())
             record.update(scale_before=before, scale_after=after, skipped=after < before)
         with open(path, "a") as file:
