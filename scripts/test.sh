@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up (scripts/setup.sh) and run the whole test suite, lint and type checks.
+# Set up (scripts/setup.sh) and run the whole test suite, lint and type checks (package and benchmarks).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
