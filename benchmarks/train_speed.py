@@ -1066,6 +1066,12 @@ def markdown(report: dict[str, Any]) -> str:
         ),
         "Peak memory: the largest over the GPUs (each GPU's in the `per GPU` column).",
     ]
+    if not piqa:
+        lines.append(
+            f"`unsteady` (note): the slowest timed step took over {UNSTEADY_RATIO:.2f}x the "
+            "fastest — the machine ran this configuration at two speeds, so its ratios may "
+            "compare the machine's states rather than the configurations."
+        )
     if any(r["engine"] == "pipe" for r in report["results"]):
         lines.append(
             "`pipe-*` rows: one process (world size 1) over "
@@ -1104,7 +1110,11 @@ def markdown(report: dict[str, Any]) -> str:
             cells += ["–"] * (len(head) - len(cells) - 2) + [r.get("baseline") or "–", note]
             lines.append("| " + " | ".join(cells) + " |")
             continue
-        note = "" if r["losses_finite"] else "non-finite loss"
+        note = "; ".join(
+            text
+            for text in ("" if r["losses_finite"] else "non-finite loss", unsteady_note(r))
+            if text
+        )
         mfu = None if r.get("mfu") is None else 100 * r["mfu"]
         step = (
             f"{1000 * r['step_time_s_median']:.1f}"
@@ -1190,6 +1200,23 @@ def markdown(report: dict[str, Any]) -> str:
             "`root`: `modules_to_wrap: []`, the whole model one FSDP unit (catwalk's setting).",
         ]
     return "\n".join(lines) + "\n"
+
+
+#: Timed steps of one fixed batch whose slowest is this much slower than the fastest: the run
+#: met the GPU machine in two speeds (runs 25-28 saw every configuration, eager ones too,
+#: switch mid-process), so a ratio to another run may compare the machine's states.
+UNSTEADY_RATIO = 1.15
+
+
+def unsteady_note(row: dict[str, Any]) -> str:
+    """``"unsteady: steps 142-198 ms"`` for a synthetic run whose timed steps spread more than
+    :data:`UNSTEADY_RATIO` (PIQA steps differ in shape, so they spread by design), else ``""``."""
+    if row.get("data") != "synthetic" or "step_time_s_min" not in row:
+        return ""
+    fastest, slowest = row["step_time_s_min"], row["step_time_s_max"]
+    if slowest <= UNSTEADY_RATIO * fastest:
+        return ""
+    return f"unsteady: steps {1000 * fastest:.0f}-{1000 * slowest:.0f} ms"
 
 
 def gpu_time_markdown(rows: list[dict[str, Any]]) -> list[str]:
