@@ -304,6 +304,27 @@ def test_packed_training_matches_padded(
     assert_same_training(ddp_reference, trained.training_log, trained.state_dict())
 
 
+@pytest.mark.parametrize("engine", ["fairscale", "fsdp2"])
+def test_fused_adamw_matches_the_reference(
+    engine, ddp_reference, tmp_path, tiny_model_dir, piqa_small
+) -> None:
+    """``optimizer: {fused: true}`` (docs/ENGINES.md recommends it on GPUs) steps FairScale's flat
+    parameters and FSDP2's sharded ones in one kernel; 2 processes reproduce DDP's default AdamW,
+    through the checkpoints written every 5 steps."""
+    from conftest import assert_same_training, train_tiny
+
+    optimizer = {"type": "torch::AdamW", "lr": 1e-3, "fused": True}
+    trained = train_tiny(
+        tmp_path,
+        tiny_model_dir,
+        piqa_small,
+        f"tango_fairscale::{engine}",
+        device_count=2,
+        optimizer=optimizer,
+    )
+    assert_same_training(ddp_reference, trained.training_log, trained.state_dict())
+
+
 def test_packing_with_the_pipe_engine_is_refused(tmp_path, tiny_model_dir, piqa_small) -> None:
     from conftest import train_tiny
     from tango.common.exceptions import ConfigurationError
