@@ -285,12 +285,29 @@ def test_a_full_disk_keeps_the_previous_checkpoint(
     assert not list((tmp_path / "checkpoints").glob(".partial-*"))
 
 
-@pytest.mark.parametrize("engine", ["ddp", "fairscale", "fsdp2"])
-def test_packed_training_matches_padded(
-    engine, ddp_reference, tmp_path, tiny_model_dir, piqa_small
+FUSED_ADAMW = {"optimizer": {"type": "torch::AdamW", "lr": 1e-3, "fused": True}}
+PACKED = {"pack_sequences": True}
+
+
+@pytest.mark.parametrize(
+    "engine, step_options, engine_params",
+    [
+        ("ddp", PACKED, {}),
+        ("fairscale", PACKED, {}),
+        ("fsdp2", PACKED, {}),
+        ("fairscale", {}, FUSED_ADAMW),
+        ("fsdp2", {}, FUSED_ADAMW),
+    ],
+    ids=["ddp-packed", "fairscale-packed", "fsdp2-packed", "fairscale-fused", "fsdp2-fused"],
+)
+def test_speed_options_reproduce_ddp(
+    engine, step_options, engine_params, ddp_reference, tmp_path, tiny_model_dir, piqa_small
 ) -> None:
-    """``pack_sequences``: 2 processes on packed micro-batches (and packed validation) reproduce
-    padded DDP's losses, weights and accuracies, through every engine that takes them."""
+    """Options for speed, not results, on 2 processes reproduce padded DDP with torch's default
+    AdamW (losses, weights, accuracies): ``pack_sequences`` (packed micro-batches and packed
+    validation) through every engine that takes them, and fused AdamW (docs/ENGINES.md
+    recommends it on GPUs) stepping FairScale's flat parameters and FSDP2's sharded ones in one
+    kernel, through the checkpoints written every 5 steps."""
     from conftest import assert_same_training, train_tiny
 
     trained = train_tiny(
@@ -299,28 +316,8 @@ def test_packed_training_matches_padded(
         piqa_small,
         f"tango_fairscale::{engine}",
         device_count=2,
-        step_options={"pack_sequences": True},
-    )
-    assert_same_training(ddp_reference, trained.training_log, trained.state_dict())
-
-
-@pytest.mark.parametrize("engine", ["fairscale", "fsdp2"])
-def test_fused_adamw_matches_the_reference(
-    engine, ddp_reference, tmp_path, tiny_model_dir, piqa_small
-) -> None:
-    """``optimizer: {fused: true}`` (docs/ENGINES.md recommends it on GPUs) steps FairScale's flat
-    parameters and FSDP2's sharded ones in one kernel; 2 processes reproduce DDP's default AdamW,
-    through the checkpoints written every 5 steps."""
-    from conftest import assert_same_training, train_tiny
-
-    optimizer = {"type": "torch::AdamW", "lr": 1e-3, "fused": True}
-    trained = train_tiny(
-        tmp_path,
-        tiny_model_dir,
-        piqa_small,
-        f"tango_fairscale::{engine}",
-        device_count=2,
-        optimizer=optimizer,
+        step_options=step_options,
+        **engine_params,
     )
     assert_same_training(ddp_reference, trained.training_log, trained.state_dict())
 
