@@ -93,6 +93,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             args.piqa = shared / "piqa"
         if not args.tokenizer.is_dir() and (shared / "gpt2-tokenizer").is_dir():
             args.tokenizer = shared / "gpt2-tokenizer"
+    args.layouts = [layout for layout in args.layouts.split(",") if layout]
+    unknown = [layout for layout in args.layouts if layout not in ("packed", "padded")]
+    if unknown:
+        raise SystemExit(f"--layouts: unknown {', '.join(unknown)}; use packed or padded")
     if not (args.piqa / "valid.jsonl").is_file():
         raise SystemExit(f"--piqa {args.piqa} holds no valid.jsonl (official PIQA files)")
     if not args.tokenizer.is_dir():
@@ -186,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from tango.common.dataset_dict import DatasetDict
 
-    from tango_fairscale.batching import choice_queries, collate, packed_batch, scoring_batches
+    from tango_fairscale.batching import choice_queries, collate, scoring_batches
     from tango_fairscale.data import read_piqa
     from tango_fairscale.evaluation import (
         PiqaPredictionsStep,
@@ -264,10 +268,10 @@ def main(argv: list[str] | None = None) -> int:
         "warm_s": round(tokenize_s, 4),
         "queries_per_s_warm": round(n / tokenize_s, 1),
     }
-    packed = False  # the step's default
-    report["data"]["packed"] = packed
+    # Sections (a)-(c) score right-padded rows, the step's default; (d) compares layouts.
+    report["data"]["packed"] = False
     for bs in batch_sizes:
-        layout = batch_layout(queries, bs, None, packed, model.pad_token_id)
+        layout = batch_layout(queries, bs, None, False, model.pad_token_id)
         report["data"].setdefault("padding_fraction_by_batch_size", {})[str(bs)] = layout[
             "padding_fraction"
         ]
@@ -284,14 +288,13 @@ def main(argv: list[str] | None = None) -> int:
         with torch.no_grad():
             return score_queries(
                 forward, queries, batch_size=bs, pad_token_id=model.pad_token_id,
-                device=device, packed=packed, progress=False,
+                device=device, progress=False,
             )  # fmt: skip
 
     def on_device_batches(bs: int) -> list[dict[str, torch.Tensor]]:
-        make = packed_batch if packed else collate
         return [
-            move_batch(make([queries[i] for i in b], model.pad_token_id), device)
-            for b in scoring_batches(queries, bs, packed=packed)
+            move_batch(collate([queries[i] for i in b], model.pad_token_id), device)
+            for b in scoring_batches(queries, bs)
         ]
 
     def run_forwards(batches: list[dict[str, torch.Tensor]]) -> None:
@@ -309,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     for bs in batch_sizes:
         entry: dict[str, Any] = {
             "batch_size": bs,
-            "num_forwards": len(scoring_batches(queries, bs, packed=packed)),
+            "num_forwards": len(scoring_batches(queries, bs)),
         }
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
@@ -411,17 +414,14 @@ def main(argv: list[str] | None = None) -> int:
         save()
     # --- (d) token budgets, through the step's own precision ---------------------------------
     report["token_budgets"] = []
-    layouts = [layout for layout in args.layouts.split(",") if layout]
     for precision in ("32-true", "bf16-mixed"):
         for budget in [int(b) for b in args.token_budgets.split(",") if b]:
-            for layout in layouts:
+            for layout in args.layouts:
                 if over_budget(reserve=10):
                     report["notes"].append(
                         f"token budget {budget} {precision} {layout} skipped (budget)"
                     )
                     continue
-                if layout not in ("packed", "padded"):
-                    raise SystemExit(f"unknown layout {layout!r}; use packed or padded")
                 entry = measure_budget(
                     functools.partial(
                         PiqaPredictionsStep().run,
