@@ -204,6 +204,8 @@ KERNEL_KINDS: list[tuple[str, tuple[str, ...]]] = [
     ("compiled", ("triton",)),
     ("memcpy", ("memcpy", "memset")),
 ]
+#: Every kind :func:`kernel_kind` returns, in report order.
+KERNEL_KIND_NAMES = tuple(kind for kind, _ in KERNEL_KINDS) + ("other",)
 
 
 def kernel_kind(name: str) -> str:
@@ -219,7 +221,7 @@ def gpu_ms_by_kind(events: Any, steps: int) -> dict[str, float]:
     from a ``torch.profiler.profile(...).events()`` list covering ``steps`` steps."""
     from torch.autograd import DeviceType
 
-    totals = {kind: 0.0 for kind, _ in KERNEL_KINDS} | {"other": 0.0}
+    totals = dict.fromkeys(KERNEL_KIND_NAMES, 0.0)
     for event in events:
         if event.device_type == DeviceType.CUDA:
             totals[kernel_kind(event.name)] += event.time_range.elapsed_us()

@@ -1224,7 +1224,7 @@ def gpu_time_markdown(rows: list[dict[str, Any]]) -> list[str]:
     profiled = [r for r in rows if r.get("gpu_ms_per_step")]
     if not profiled:
         return []
-    kinds = [kind for kind, _ in _bench.KERNEL_KINDS] + ["other"]
+    kinds = _bench.KERNEL_KIND_NAMES
     lines = [
         "",
         "## Where the GPU time goes (profiled steps)",
