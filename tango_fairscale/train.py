@@ -92,7 +92,7 @@ class TrainStep(Step[ModelWrapper]):
         float rounding, far fewer positions on short data such as PIQA (measured on an H200,
         PIQA batch 16: GPT-2 124M fp32 1.30x the tokens/s in half the memory, bf16 1.05x per
         median step, though each new batch shape costs a one-off kernel selection and packed
-        batches have more shapes; GPT-2 1.5B at batch 64: 1.76x in a third of the memory).
+        batches have more shapes; GPT-2 1.5B bf16 at batch 64: 1.92x in a third of the memory).
         Not for the ``pipe`` engine.
 
     Returns the trained model; its ``training_log`` holds the logged loss and accuracy by step.
