@@ -46,10 +46,11 @@ print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch
 EOF
 echo "== setup done after $(elapsed) s"
 
-# The GPU-only tests of the loss: gpu_tests FILE...
+# The GPU-only tests: gpu_tests FILE... (GPU_TESTS_TIMEOUT seconds at most, default 100)
 gpu_tests() {
   echo "== GPU tests" | tee -a "$LOG"
-  TANGO_FAIRSCALE_SHARED_DATA=.gpudata timeout -k 10 100 $PY -m pytest -q -p no:cacheprovider \
+  TANGO_FAIRSCALE_SHARED_DATA=.gpudata timeout -k 10 "${GPU_TESTS_TIMEOUT:-100}" \
+    $PY -m pytest -q -p no:cacheprovider \
     "$@" 2>&1 | tail -2 | tee -a "$LOG"
 }
 

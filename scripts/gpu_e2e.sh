@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# End-to-end `tango run` of configs/gpt2_piqa.jsonnet on a 2-GPU machine, every engine, then the
+# End-to-end `tango run` of configs/gpt2_piqa.jsonnet on a GPU machine, every engine, then the
 # results table: the user's path (Tango step, spawned NCCL workers, in-loop validation, export,
-# cached evaluation) on GPUs. Needs .whl/ and .gpudata/ carried (see benchmarks/README.md).
+# cached evaluation) on GPUs. ddp, fairscale and fsdp2 train on every visible GPU (E2E_DEVICES to
+# override), pipe as one process over them. Needs .whl/ and .gpudata/ carried (see
+# benchmarks/README.md).
 #   OUT=/tmp/out bash scripts/gpu_e2e.sh
 set -u -o pipefail
 DEFAULT_TOTAL_S=420
@@ -18,8 +20,10 @@ if os.environ.get("BENCH_TINY") == "1":  # CPU smoke test
 ModelWrapper(config=shape, tokenizer=sys.argv[1], seed=1).save(sys.argv[2])
 PYEOF
 WS=/tmp/e2e-ws
+GPUS=${E2E_DEVICES:-$(nvidia-smi -L 2>/dev/null | grep -c ^GPU)}
+[ "$GPUS" -ge 1 ] || GPUS=1  # CPU smoke test: one process
 for engine in ddp fairscale fsdp2 pipe; do
-  devices=2; [ "$engine" = pipe ] && devices=1
+  devices=$GPUS; [ "$engine" = pipe ] && devices=1
   start=$(date +%s)
   timeout -k 10 150 $PY -m tango run configs/gpt2_piqa.jsonnet -w "$WS" -n "$engine" \
     -D model="$MODEL" -D data_dir="$PIQA" -D engine="$engine" -D device_count="$devices" \
