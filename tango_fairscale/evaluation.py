@@ -11,8 +11,7 @@ from __future__ import annotations
 import collections
 import functools
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -37,14 +36,6 @@ QUEUED_FORWARDS = 4
 #: Packed scoring rows feed the model a multiple of this many positions (aligned attention masks).
 SCORING_WIDTH_MULTIPLE = 8
 
-#: The predictions step tokenizes on a worker thread, in parts of ``FIRST_PART_EXAMPLES``
-#: examples, then ``PART_GROWTH`` times as many, and so on, and the GPU scores each part while the
-#: next is tokenized (on an H200, tokenizing all of PIQA validation first left the GPU idle for
-#: over a quarter of the step). Small first parts start the GPU early; larger later parts keep
-#: the batches full. ``0``: tokenize everything first.
-FIRST_PART_EXAMPLES = 128
-PART_GROWTH = 3
-
 
 def score_queries(
     forward: Forward,
@@ -67,92 +58,40 @@ def score_queries(
     the number of batches) pads the work with repeated forwards of a one-query batch whose
     results are discarded, so that all ranks call ``forward`` equally often.
     """
-    return score_parts(
-        forward,
-        [queries],
-        total=len(queries),
-        batch_size=batch_size,
-        pad_token_id=pad_token_id,
-        device=device,
-        max_batch_tokens=max_batch_tokens,
-        num_forwards=num_forwards,
-        packed=packed,
-        progress=progress,
-    )
-
-
-def score_parts(
-    forward: Forward,
-    parts: Iterable[Sequence[Query]],
-    *,
-    total: int,
-    batch_size: int,
-    pad_token_id: int,
-    device: torch.device,
-    max_batch_tokens: int | None = None,
-    num_forwards: int | None = None,
-    packed: bool = False,
-    progress: bool = True,
-) -> list[float]:
-    """:func:`score_queries` over parts of the queries that may still be arriving (``parts`` is
-    read one part at a time, each batched on its own): the scores of every part's queries, in
-    order. ``total`` (the number of queries) sizes the progress bar."""
+    batches = scoring_batches(queries, batch_size, max_batch_tokens, packed)
     if packed:
         make_batch = functools.partial(
             packed_batch, pad_token_id=pad_token_id, width_multiple=SCORING_WIDTH_MULTIPLE
         )
     else:
         make_batch = functools.partial(collate, pad_token_id=pad_token_id)
+    filler = [Query((pad_token_id, pad_token_id), 1)]  # any tokens serve
     results = []
-    order: list[int] = []  # the query index of every result, over all parts
     queued: collections.deque[tuple[Any, int]] = collections.deque()  # (done event, rows)
     depth = QUEUED_FORWARDS if device.type == "cuda" else 0  # a CPU forward is done on return
-    bar = Tqdm.tqdm(total=total, desc="Scoring", unit="query", disable=not progress)
-
-    def run(rows: Sequence[Query], num_rows: int) -> torch.Tensor:
-        """Queue the forward of ``rows``; ``num_rows`` of them count on the progress bar."""
+    bar = Tqdm.tqdm(total=len(queries), desc="Scoring", unit="query", disable=not progress)
+    for index in range(max(num_forwards or 0, len(batches))):
+        rows = [queries[i] for i in batches[index]] if index < len(batches) else filler
         loglikelihood = forward(move_batch(make_batch(rows), device))["loglikelihood"]
+        if index < len(batches):
+            results.append(loglikelihood.float())
         done = torch.cuda.Event() if device.type == "cuda" else None
         if done is not None:
             done.record()
-        queued.append((done, num_rows))
+        queued.append((done, len(rows) if index < len(batches) else 0))
         while len(queued) > depth:
             oldest, num_rows = queued.popleft()
             if oldest is not None:
                 oldest.synchronize()
             bar.update(num_rows)
-        return loglikelihood
-
-    filler = [Query((pad_token_id, pad_token_id), 1)]  # any tokens serve
-    num_queries = 0
-    for part in parts:
-        for indices in scoring_batches(part, batch_size, max_batch_tokens, packed):
-            results.append(run([part[i] for i in indices], len(indices)).float())
-            order.extend(num_queries + i for i in indices)
-        num_queries += len(part)
-    for _ in range(len(results), num_forwards or 0):
-        run(filler, 0)
     values = torch.cat(results).cpu().tolist() if results else []
     bar.update(sum(num_rows for _, num_rows in queued))
     bar.close()
-    scores = [0.0] * num_queries
+    scores = [0.0] * len(queries)
+    order = [i for batch_indices in batches for i in batch_indices]
     for query_index, value in zip(order, values, strict=True):
         scores[query_index] = value
     return scores
-
-
-def tokenizing_parts(num_examples: int) -> list[range]:
-    """The parts (example index ranges) the predictions step tokenizes and scores one by one:
-    ``FIRST_PART_EXAMPLES``, then ``PART_GROWTH`` times the last, the last part taking what is
-    left when less than the next size would remain after it."""
-    parts = []
-    start, size = 0, FIRST_PART_EXAMPLES or num_examples
-    while start < num_examples:
-        if num_examples - (start + size) < size * PART_GROWTH:
-            size = num_examples - start
-        parts.append(range(start, start + size))
-        start, size = start + size, size * PART_GROWTH
-    return parts
 
 
 def piqa_predictions(
@@ -343,33 +282,22 @@ class PiqaPredictionsStep(Step[list]):
                 f"model uses {model.model.config._attn_implementation!r}; set it to false"
             )
         model = model.to(device).eval()
+        # All queries first: tokenizing in parts while the GPU scores the previous part measured
+        # slower on an H200 (14.6k vs 17.3k queries/s: eval_speed_parts*_h200_run13.md).
+        queries = choice_queries(examples, model.tokenizer, model.max_length)
         autocast = torch.autocast(device.type, torch.bfloat16, enabled=resolved.mixed)
-        # The tokenizer's Rust code runs without the GIL: the worker tokenizes the next part
-        # while this thread launches the forwards of the last.
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize") as worker:
-            tokenized = [
-                worker.submit(
-                    choice_queries,
-                    examples[part.start : part.stop],
-                    model.tokenizer,
-                    model.max_length,
-                )
-                for part in tokenizing_parts(len(examples))
-            ]
-            # no_grad, not inference_mode: under inference_mode autocast re-casts every weight
-            # in every forward (its cache of casts only serves tensors that require gradients).
-            with torch.no_grad(), autocast:
-                scores = score_parts(
-                    lambda batch: model(**batch),
-                    (future.result() for future in tokenized),
-                    total=2 * len(examples),
-                    batch_size=batch_size,
-                    pad_token_id=model.pad_token_id,
-                    device=device,
-                    max_batch_tokens=max_batch_tokens,
-                    packed=pack_sequences,
-                )
-        queries = [query for future in tokenized for query in future.result()]
+        # no_grad, not inference_mode: under inference_mode autocast re-casts every weight in
+        # every forward (its cache of casts only serves tensors that require gradients).
+        with torch.no_grad(), autocast:
+            scores = score_queries(
+                lambda batch: model(**batch),
+                queries,
+                batch_size=batch_size,
+                pad_token_id=model.pad_token_id,
+                device=device,
+                max_batch_tokens=max_batch_tokens,
+                packed=pack_sequences,
+            )
         return piqa_predictions(examples, queries, scores)
 
 

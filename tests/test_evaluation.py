@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 import torch
 
-from tango_fairscale import evaluation
 from tango_fairscale.batching import Query, choice_queries, length_sorted_batches
 from tango_fairscale.data import read_piqa
 from tango_fairscale.evaluation import (
@@ -29,7 +28,6 @@ from tango_fairscale.evaluation import (
     metrics_from_predictions,
     piqa_predictions,
     score_queries,
-    tokenizing_parts,
     validate_all_ranks,
 )
 from tango_fairscale.model import ModelWrapper
@@ -338,52 +336,6 @@ def test_predictions_step_scores_every_example(
         step.run(model=model, dataset_dict=dataset, split="train")
     with pytest.raises(ConfigurationError, match="batch_size must be at least 1, got 0"):
         step.run(model=model, dataset_dict=dataset, batch_size=0)
-
-
-def test_tokenizing_parts_grow_from_the_first_and_cover_every_example(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    assert tokenizing_parts(1838) == [range(0, 128), range(128, 512), range(512, 1838)]
-    assert tokenizing_parts(100) == [range(100)]
-    for n in range(1, 3000, 7):
-        parts = tokenizing_parts(n)
-        assert [i for part in parts for i in part] == list(range(n))
-        assert all(len(b) >= len(a) for a, b in zip(parts, parts[1:]))
-    monkeypatch.setattr(evaluation, "FIRST_PART_EXAMPLES", 0)
-    assert tokenizing_parts(1838) == [range(1838)]
-
-
-@pytest.mark.parametrize("packed", [False, True])
-def test_predictions_step_tokenizes_in_parts_on_a_worker_and_scores_them_all(
-    model: ModelWrapper, examples: list, monkeypatch: pytest.MonkeyPatch, packed: bool
-) -> None:
-    import threading
-
-    from tango.common.dataset_dict import DatasetDict
-
-    monkeypatch.setattr(evaluation, "FIRST_PART_EXAMPLES", 1)
-    monkeypatch.setattr(evaluation, "PART_GROWTH", 2)
-    tokenized: list[tuple[int, str]] = []  # (examples, thread) of each call
-
-    def spy(part: list, tokenizer: Any, max_length: int) -> list[Query]:
-        tokenized.append((len(part), threading.current_thread().name))
-        return choice_queries(part, tokenizer, max_length)
-
-    monkeypatch.setattr(evaluation, "choice_queries", spy)
-    dataset = DatasetDict(splits={"validation": examples[:10]})
-    result = PiqaPredictionsStep().run(
-        model=model, dataset_dict=dataset, batch_size=3, pack_sequences=packed
-    )
-    assert [size for size, _ in tokenized] == [1, 2, 7]
-    assert all(thread.startswith("tokenize") for _, thread in tokenized)
-    queries = choice_queries(examples[:10], model.tokenizer, model.max_length)
-    assert [p["token_lengths"] for p in result] == [
-        [queries[2 * i].continuation_length, queries[2 * i + 1].continuation_length]
-        for i in range(10)
-    ]
-    expected = [one_query_log_likelihood(model, q) for q in queries]
-    got = [ll for p in result for ll in p["loglikelihoods"]]
-    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-4)
 
 
 def test_length_sorted_scoring_restores_query_order(model: ModelWrapper, examples: list) -> None:

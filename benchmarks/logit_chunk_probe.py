@@ -1,18 +1,12 @@
-"""PIQA scoring speed against two settings of the scoring path, one at a time:
-
-* ``--chunks``: the loss's logit chunk size (``model.LOGIT_CHUNK_ROWS``): does a chunk that stays
-  in the GPU's L2 cache make the vocabulary log-softmax cheaper than 4,096-row chunks of fp32
-  logits (0.8 GB each)?
-* ``--first-parts``: the predictions step's first tokenizing part (``evaluation.
-  FIRST_PART_EXAMPLES``; ``0``: tokenize everything before the first forward): how much of the
-  tokenization the GPU's scoring hides.
+"""Scoring speed against the loss's logit chunk size: does a chunk that stays in the GPU's L2 cache
+make the vocabulary log-softmax cheaper than 4,096-row chunks of fp32 logits (0.8 GB each)?
 
 The PIQA predictions step's path (``PiqaPredictionsStep().run``, all 3,676 validation queries, a
 GPT-2 124M-shaped random-init model, ``bf16-mixed``, ``max_batch_tokens`` 16384, packed), the
-fastest of ``--repeats`` after a warm-up, per value; the scores' largest difference from the
-sweep's first value's (neither setting may change them beyond float rounding).
+fastest of ``--repeats`` after a warm-up, for each ``model.LOGIT_CHUNK_ROWS`` in ``--chunks``; the
+scores' largest difference from the first chunk size's (the chunking must not change them).
 
-    python benchmarks/scoring_probe.py --piqa .gpudata/piqa --tokenizer .gpudata/gpt2-tokenizer
+    python benchmarks/logit_chunk_probe.py --piqa .gpudata/piqa --tokenizer .gpudata/gpt2-tokenizer
 """
 
 from __future__ import annotations
@@ -32,8 +26,7 @@ _bench.setup_paths()
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     _bench.add_data_arguments(parser)
-    parser.add_argument("--chunks", default="4096,1024,256")
-    parser.add_argument("--first-parts", default="0,128,256")
+    parser.add_argument("--chunks", default="4096,1024,512,256,128")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--examples", type=int, default=None, help="first N validation examples")
     args = parser.parse_args()
@@ -41,7 +34,6 @@ def main() -> int:
     import torch
     from tango.common.dataset_dict import DatasetDict
 
-    from tango_fairscale import evaluation
     from tango_fairscale import model as model_module
     from tango_fairscale.data import read_piqa
     from tango_fairscale.evaluation import PiqaPredictionsStep
@@ -79,28 +71,18 @@ def main() -> int:
         f"# {' '.join(sys.argv)}\n# commit {env['commit']}; {env.get('gpu_name') or 'CPU'}; "
         f"torch {env['torch']}, transformers {env['transformers']}\n"
     )
-    sweeps = [
-        ("logit chunk rows", model_module, "LOGIT_CHUNK_ROWS", args.chunks),
-        ("first tokenizing part (examples)", evaluation, "FIRST_PART_EXAMPLES", args.first_parts),
-    ]
-    for title, module, name, values in sweeps:
-        if not values:
-            continue
-        default = getattr(module, name)
-        print(f"| {title} | step s (fastest) | queries/s | max abs score diff |")
-        print("|---:|---:|---:|---:|")
-        reference = None
-        for value in [int(v) for v in values.split(",")]:
-            setattr(module, name, value)
-            timed()
-            results = [timed() for _ in range(args.repeats)]
-            scores, seconds = min(results, key=lambda result: result[1])
-            reference = reference or scores
-            diff = max(abs(a - b) for a, b in zip(scores, reference))
-            queries_per_s = 2 * len(examples) / seconds
-            print(f"| {value} | {seconds:.4f} | {queries_per_s:,.0f} | {diff:.2e} |", flush=True)
-        setattr(module, name, default)
-        print()
+    print("| logit chunk rows | step s (fastest) | queries/s | max abs score diff |")
+    print("|---:|---:|---:|---:|")
+    reference = None
+    for rows in [int(c) for c in args.chunks.split(",")]:
+        model_module.LOGIT_CHUNK_ROWS = rows
+        timed()
+        results = [timed() for _ in range(args.repeats)]
+        scores, seconds = min(results, key=lambda result: result[1])
+        reference = reference or scores
+        diff = max(abs(a - b) for a, b in zip(scores, reference))
+        queries_per_s = 2 * len(examples) / seconds
+        print(f"| {rows} | {seconds:.4f} | {queries_per_s:,.0f} | {diff:.2e} |", flush=True)
     return 0
 
 
