@@ -283,7 +283,8 @@ class PiqaPredictionsStep(Step[list]):
             )
         model = model.to(device).eval()
         # All queries first: tokenizing in parts while the GPU scores the previous part measured
-        # slower on an H200 (14.6k vs 17.3k queries/s: eval_speed_parts*_h200_run13.md).
+        # slower on an H200 (14.6k vs 17.3k queries/s: eval_speed_parts*_h200_run13.md), and on a
+        # worker thread in growing parts no faster (scoring_probe_tokenizing_parts_h200_run31.md).
         queries = choice_queries(examples, model.tokenizer, model.max_length)
         autocast = torch.autocast(device.type, torch.bfloat16, enabled=resolved.mixed)
         # no_grad, not inference_mode: under inference_mode autocast re-casts every weight in
