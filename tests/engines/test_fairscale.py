@@ -5,7 +5,10 @@ import torch
 from conftest import assert_same_training, train_in, train_tiny
 from tango.common.exceptions import ConfigurationError
 
+from tango_fairscale.engines.fairscale import check_checkpointed_units
 from tango_fairscale.model import ModelWrapper
+from tango_fairscale.train import TrainingStopped
+from tango_fairscale.wrapping import ShardingConfig, selected_units
 
 
 @pytest.mark.parametrize(
@@ -14,8 +17,9 @@ from tango_fairscale.model import ModelWrapper
         {},  # per-block units, flat parameters
         {"flatten_parameters": False},
         {"activation_checkpointing": True, "cpu_offload": True},
+        {"activation_checkpointing": [r"model\.transformer\.h\.0"]},  # some of the units
     ],
-    ids=["per-block", "unflattened", "checkpointing+offload"],
+    ids=["per-block", "unflattened", "checkpointing+offload", "checkpointing-one-unit"],
 )
 def test_fairscale_matches_ddp(
     sharding, ddp_reference, tmp_path, tiny_model_dir, piqa_small
@@ -57,3 +61,33 @@ def test_resuming_on_another_device_count_is_refused(tmp_path, tiny_model_dir, p
         train_in(tmp_path, tiny_model_dir, piqa_small, "tango_fairscale::fairscale", 1, 10)
     message = str(error.value)
     assert "cannot reshard" in message and "device_count=2" in message and "\n" not in message
+
+
+@pytest.mark.parametrize(
+    "sharding",
+    [
+        {"activation_checkpointing": [r"model\.transformer\.h\.[0-9]+\.attn"]},
+        {"modules_to_wrap": [], "activation_checkpointing": [r"model\.transformer\.h\.[0-9]+"]},
+    ],
+    ids=["inside-units", "inside-the-root"],
+)
+def test_checkpointing_part_of_a_unit_is_refused(sharding, tiny_model_dir) -> None:
+    """FairScale frees a unit's parameters when a checkpointed part of it ends its backward
+    (the run crashed at world size 2, and at 1 with mixed precision)."""
+    model = ModelWrapper(str(tiny_model_dir))
+    units, checkpointed = selected_units(model, ShardingConfig(**sharding))
+    with pytest.raises(ConfigurationError) as error:
+        check_checkpointed_units(units, checkpointed)
+    message = str(error.value)
+    assert "checkpoints whole sharding units only" in message and "\n" not in message
+    assert "'model.transformer.h.0" in message and "use the fsdp2 engine" in message
+
+
+def test_checkpointing_part_of_a_unit_fails_before_training(
+    tmp_path, tiny_model_dir, piqa_small
+) -> None:
+    sharding = {"activation_checkpointing": [r"model\.transformer\.h\.[0-9]+\.attn"]}
+    with pytest.raises(TrainingStopped, match="checkpoints whole sharding units only"):
+        train_tiny(
+            tmp_path, tiny_model_dir, piqa_small, "tango_fairscale::fairscale", 2, sharding=sharding
+        )

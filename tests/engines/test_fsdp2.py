@@ -10,8 +10,14 @@ from conftest import assert_same_training, train_in, train_tiny
 
 @pytest.mark.parametrize(
     "sharding",
-    [{}, {"activation_checkpointing": True, "cpu_offload": True}],
-    ids=["per-block", "checkpointing+offload"],
+    [
+        {},
+        {"activation_checkpointing": True, "cpu_offload": True},
+        # Checkpointed modules need not be units (the fairscale engine refuses these two).
+        {"activation_checkpointing": [r"model\.transformer\.h\.[0-9]+\.attn"]},
+        {"modules_to_wrap": [], "activation_checkpointing": [r"model\.transformer\.h\.[0-9]+"]},
+    ],
+    ids=["per-block", "checkpointing+offload", "checkpointing-inside-units", "one-unit"],
 )
 def test_fsdp2_matches_ddp(sharding, ddp_reference, tmp_path, tiny_model_dir, piqa_small) -> None:
     trained = train_tiny(
