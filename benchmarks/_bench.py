@@ -55,6 +55,15 @@ def setup_paths() -> None:
         sys.path.insert(0, root)
 
 
+def register_components() -> None:
+    """Register the package's Tango components (engines, model, steps) by importing every module:
+    ``Lazy(TrainingEngine, Params({"type": "tango_fairscale::fsdp2", ...}))`` then resolves the
+    name wherever the module that registers it lives."""
+    from tango.common.util import import_module_and_submodules
+
+    import_module_and_submodules("tango_fairscale")
+
+
 def add_data_arguments(parser: Any, shape: str = "124m") -> None:
     """``--piqa``, ``--tokenizer`` (the carried ``.gpudata`` copies by default) and ``--shape``."""
     parser.add_argument("--piqa", type=Path, default=REPO_ROOT / ".gpudata" / "piqa")
@@ -131,6 +140,8 @@ def environment(commit: str | None, query_gpu: bool = True) -> dict[str, Any]:
     status = _git("status", "--porcelain", "--", "tango_fairscale")
     info: dict[str, Any] = {
         "commit": git_commit(commit),
+        # The benchmarks/gpu.sh suite that ran this (it sets BENCH_SUITE); None when run by hand.
+        "suite": os.environ.get("BENCH_SUITE"),
         "package_dirty": None if status is None else bool(status),
         "package_source_sha256_16": source_digest(),
         "timestamp_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(),

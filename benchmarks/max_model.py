@@ -8,19 +8,20 @@ shapes that grow in depth and width together::
     8b   (40, 4096, 32)   10b  (48, 4096, 32)   13b (40, 5120, 40)   16b  (48, 5120, 40)
     20b  (44, 6144, 48)                                   (n_layer, n_embd, n_head)
 
-Parameters (unique, tied ``wte``/``lm_head`` counted once; counted by ``train_speed``'s
+Parameters (unique, tied ``wte``/``lm_head`` counted once; counted by ``_train_configs``'s
 ``count_parameters`` on the meta device): ``V d + P d + L (12 d^2 + 13 d) + 2 d`` with V = 50257,
 P = n_positions = 1024, L = n_layer, d = n_embd.
 
 The search starts at ``--start`` (a rung, or per world size: ``1=6.7b,2=13b``), goes up while a
 trial trains and down while one fails; it stops at the boundary, at an end of the ladder
 (``--max-params`` cuts its top) or when its share of ``--budget-s`` is spent. A trial is
-``train_speed.run_config``: fresh processes (one per GPU) build the engine as the training step
-does and run ``--steps`` steps on a fixed random ``--batch-size`` x ``--seq-len`` batch per GPU
-within ``--trial-timeout``; out-of-memory errors, crashes and timeouts are recorded. A rung is
-skipped (a failure for the search) when its host RAM exceeds /proc/meminfo MemAvailable: 4
-bytes/param per process that builds the fp32 model on the CPU (offload configs or ``--init-device
-cpu``; else it is built on the GPU), plus 12 bytes/param (gradients, AdamW moments) if offloaded.
+``_train_launch.run_config`` (as in ``train_speed.py``): fresh processes (one per GPU) build the
+engine as the training step does and run ``--steps`` steps on a fixed random ``--batch-size`` x
+``--seq-len`` batch per GPU within ``--trial-timeout``; out-of-memory errors, crashes and
+timeouts are recorded. A rung is skipped (a failure for the search) when its host RAM exceeds
+/proc/meminfo MemAvailable: 4 bytes/param per process that builds the fp32 model on the CPU
+(offload configs or ``--init-device cpu``; else it is built on the GPU), plus 12 bytes/param
+(gradients, AdamW moments) if offloaded.
 
 Run by path (``benchmarks/`` is not a package)::
 
@@ -30,7 +31,7 @@ Run by path (``benchmarks/`` is not a package)::
 
 Writes ``--out`` (JSON: environment, settings, the ladder, every trial, per search the largest
 trained and smallest failed rung; rewritten after every trial) and the same name with ``.md``: a
-table per world size and a check against the issue's targets (>= 6e9 parameters on one H200,
+table per world size and a check against the targets (>= 6e9 parameters on one H200,
 >= 12e9 on two).
 """
 
@@ -45,7 +46,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _bench  # noqa: E402
-import train_speed  # noqa: E402
+
+_bench.setup_paths()
+
+import _train_configs  # noqa: E402
+import _train_launch  # noqa: E402
 
 LADDER = [  # name, n_layer, n_embd, n_head
     ("1.5b", 48, 1600, 25), ("2.7b", 32, 2560, 32), ("4b", 40, 2816, 32),
@@ -57,14 +62,14 @@ DEFAULT_CONFIGS = (
     "fsdp2-bf16-ckpt,fsdp2-bf16-ckpt-offload,fairscale-bf16-ckpt,fairscale-bf16-ckpt-offload,"
     "ddp-bf16"
 )
-#: The issue's targets: parameters that must train, by world size (GPUs).
+#: The targets: parameters that must train, by world size (GPUs).
 TARGETS = {1: 6e9, 2: 12e9}
 #: A trial is not started with less time than this left in its search's share of the budget.
 MIN_TRIAL_S = 20.0
 
 
 def host_bytes_needed(spec: dict[str, Any]) -> int:
-    """Host RAM a trial needs (see the module docstring); mirrors ``_measure``'s init rule."""
+    """Host RAM a trial needs (see the module docstring); mirrors ``_train_worker.build_engine``."""
     offload = "offload" in spec["modifiers"]
     on_cpu = offload or not spec["cuda"] or spec["init_device"] == "cpu"
     return spec["n_params"] * (4 * spec["world_size"] * on_cpu + 12 * offload)
@@ -77,13 +82,13 @@ def mem_available() -> int:
 
 
 def run_trial(spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-    """``train_speed.run_config``, unless the host RAM is too small (then skipped)."""
+    """``_train_launch.run_config``, unless the host RAM is too small (then skipped)."""
     need, have = host_bytes_needed(spec), mem_available()
     if need > have:
         message = f"needs ~{need / 1e9:.0f} GB host RAM, have {have / 1e9:.0f}"
-        row = {**train_speed.summarize(spec, [], message, 0.0), "error": "skipped"}
+        row = {**_train_launch.summarize(spec, [], message, 0.0), "error": "skipped"}
     else:
-        row = train_speed.run_config(spec, timeout_s)
+        row = _train_launch.run_config(spec, timeout_s)
     row.update(success="error" not in row, host_gb_needed=round(need / 1e9, 1))
     return {**row, "host_gb_available": round(have / 1e9, 1)}
 
@@ -217,19 +222,19 @@ def main(argv: list[str] | None = None) -> int:
     if not Path(tokenizer).is_dir():
         raise SystemExit(f"--tokenizer {tokenizer} is not a directory (GPT-2 tokenizer files)")
     configs = [c for c in args.configs.split(",") if c]
-    parsed = {c: train_speed.parse_config(c) for c in configs}
+    parsed = {c: _train_configs.parse_config(c) for c in configs}
     if any(p["engine"] == "pipe" for p in parsed.values()):
         raise SystemExit("pipe configs are not data parallel: use ddp, fairscale or fsdp2")
     cuda = torch.cuda.is_available()
     gpus = torch.cuda.device_count() if cuda else 0
-    multiprocessing.set_forkserver_preload(train_speed.PRELOAD)
+    multiprocessing.set_forkserver_preload(_train_launch.PRELOAD)
     start_method = "forkserver"
 
     ladder = []
     for name, n_layer, n_embd, n_head in TINY_LADDER if args.tiny else LADDER:
         shape = {"n_layer": n_layer, "n_embd": n_embd, "n_head": n_head}
         config = {"model_type": "gpt2", "vocab_size": 50257, "n_positions": 1024, **shape}
-        n_params = train_speed.count_parameters(config)
+        n_params = _train_configs.count_parameters(config)
         if args.max_params is None or n_params <= args.max_params:
             ladder.append({"name": name, "shape": f"{n_layer}x{n_embd}, {n_head} heads",
                            "n_params": n_params, "model_config": config})  # fmt: skip
@@ -278,7 +283,11 @@ def main(argv: list[str] | None = None) -> int:
             timeout = min(args.trial_timeout, deadline - time.perf_counter())
             print(f"=== world {world_size} {name} {names[i]}: start", flush=True)
             row = run_trial(spec, timeout)
-            if not checked and start_method == "forkserver" and train_speed.forkserver_failed(row):
+            if (
+                not checked
+                and start_method == "forkserver"
+                and _train_launch.forkserver_failed(row)
+            ):
                 print(f"forkserver failed ({row.get('message')}); using spawn", flush=True)
                 start_method = spec["start_method"] = "spawn"
                 row = run_trial(spec, timeout)
