@@ -1,11 +1,12 @@
 """Do mixed-precision runs of the real training step track the fp32 run? (PIQA, GPT-2 124M shape)
 
-Runs ``tango_fairscale.train.TrainStep`` through Tango's Python API in a fresh ``LocalWorkspace``
-once per precision (default ``32-true``, ``bf16-mixed``, ``16-mixed``; the same seed, data order and
-random-init model), with the FairScale engine (per-block units) by default. Records every step's
-training loss, whether any was non-finite, the validation accuracy, the fp16 grad scaler's skipped
-(overflow) steps, wall time, and the relative difference of each run's final loss from the fp32
-run's: at the last step and averaged over the last ``--final-window`` steps (target: within 2%).
+Runs the training step (``tango_fairscale::train``) through Tango's Python API in a fresh
+``LocalWorkspace`` once per precision (default ``32-true``, ``bf16-mixed``, ``16-mixed``; the same
+seed, data order and random-init model), with the FairScale engine (per-block units) by default.
+Records every step's training loss, whether any was non-finite, the validation accuracy, the fp16
+grad scaler's skipped (overflow) steps, wall time, and the relative difference of each run's final
+loss from the fp32 run's: at the last step and averaged over the last ``--final-window`` steps
+(target: within 2%).
 
 Run by path (``benchmarks/`` is not a package)::
 
@@ -37,10 +38,10 @@ import _bench  # noqa: E402
 
 _bench.setup_paths()
 
-from tango_fairscale.engines import DDPEngine, FairScaleEngine  # noqa: E402
-
 #: Where the instrumented engines append one JSON line per optimizer step (rank 0).
 STEP_LOG_ENV = "PRECISION_RUN_STEP_LOG"
+#: ``--engine`` -> the registered engine that :func:`recording_engine` instruments.
+ENGINES = {"fairscale": "tango_fairscale::fairscale", "ddp": "tango_fairscale::ddp"}
 
 
 class _StepRecorder:
@@ -66,15 +67,24 @@ class _StepRecorder:
             file.write(json.dumps(record) + "\n")
 
 
-class RecordingFairScaleEngine(_StepRecorder, FairScaleEngine):
-    """``FairScaleEngine`` plus :class:`_StepRecorder` (not registered; used through ``Lazy``)."""
+def recording_engine(engine: str) -> type:
+    """The registered engine ``ENGINES[engine]`` plus :class:`_StepRecorder` (not registered;
+    used through ``Lazy``). Named ``Recording<engine>`` in this module, so that processes that
+    unpickle it (device_count > 1) find it through :func:`__getattr__`."""
+    from tango.integrations.torch import TrainingEngine
+
+    _bench.register_components()
+    base: Any = TrainingEngine.by_name(ENGINES[engine])
+    name = f"Recording{engine}"
+    return type(name, (_StepRecorder, base), {"__module__": __name__, "__qualname__": name})
 
 
-class RecordingDDPEngine(_StepRecorder, DDPEngine):
-    """``DDPEngine`` plus :class:`_StepRecorder` (not registered; used through ``Lazy``)."""
-
-
-ENGINES = {"fairscale": RecordingFairScaleEngine, "ddp": RecordingDDPEngine}
+def __getattr__(name: str) -> type:
+    if name.startswith("Recording") and name[len("Recording") :] in ENGINES:
+        cls = recording_engine(name[len("Recording") :])
+        globals()[name] = cls
+        return cls
+    raise AttributeError(name)
 
 
 def run_once(args: argparse.Namespace, precision: str, dataset_dict: Any) -> dict[str, Any]:
@@ -82,8 +92,8 @@ def run_once(args: argparse.Namespace, precision: str, dataset_dict: Any) -> dic
     from tango.common import Lazy, Params
     from tango.workspaces import LocalWorkspace
 
-    from tango_fairscale.model import ModelWrapper
-    from tango_fairscale.train import TrainStep
+    from tango_fairscale.model.causal_lm import ModelWrapper
+    from tango_fairscale.train.step import TrainStep  # the one place a step is imported here
 
     workspace_dir = Path(tempfile.mkdtemp(prefix=f"precision-{precision}-", dir=args.work_dir))
     step_log = workspace_dir / "steps.jsonl"
@@ -101,7 +111,9 @@ def run_once(args: argparse.Namespace, precision: str, dataset_dict: Any) -> dic
         engine_params["sharding"] = json.loads(args.sharding)
     step = TrainStep(
         model=model,
-        engine=Lazy(ENGINES[args.engine], Params(engine_params)),
+        engine=Lazy(
+            getattr(sys.modules[__name__], f"Recording{args.engine}"), Params(engine_params)
+        ),
         dataset_dict=dataset_dict,
         train_steps=args.steps,
         batch_size=args.batch_size,
@@ -275,7 +287,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     args = parse_args(argv)
-    from tango_fairscale.data import read_piqa
+    from tango_fairscale.tasks.piqa import read_piqa
 
     started = time.perf_counter()
     if not Path(args.tokenizer).is_dir():
@@ -289,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
             "train_examples": len(dataset_dict["train"]),
             "validation_examples": len(dataset_dict["validation"]),
             "optimizer": {"type": "torch::AdamW", "lr": args.lr, "weight_decay": 0.0},
-            "path": "tango_fairscale.train.TrainStep(...).result(LocalWorkspace(tmp)); the engine "
+            "path": "the tango_fairscale::train step's result(LocalWorkspace(tmp)); the engine "
             "class adds only a per-step record (wall clock, grad-scaler scale)",
             "loss": "train_loss logged every step (mean over ranks of the step's loss)",
         },
