@@ -1,0 +1,380 @@
+"""The index of benchmark results: per result its target, key figure, commit, GPU and date.
+
+A result is the files of one stem in one folder (``NAME.json`` with its ``NAME.md``, or a lone
+``.md`` / ``.txt`` / ``.png``). The key figure, commit, GPU and date come from the JSON (the
+``environment`` every script records) or, for a lone text file, from its header lines. The target
+is that of the ``benchmarks/gpu.sh`` suite that produced the result (recorded as
+``environment.suite``, or the suite's folder under a runner's ``$OUT``); :data:`EARLIER` names it
+for results measured before results recorded their suite, and describes those that are cited as
+evidence rather than as a target's figure.
+
+    python benchmarks/index.py                      # writes benchmarks/results/INDEX.md
+    python benchmarks/index.py --check              # fails if INDEX.md is not up to date
+    python benchmarks/index.py --dir "$OUT" --print # a gpu.sh run's results, on stdout
+
+Pure Python (no torch): run it after adding or removing a result file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+RUNNER = HERE / "gpu.sh"
+#: Files of a run's output folder that are not results.
+SKIPPED = {"INDEX.md", "log.txt"}
+SKIPPED_SUFFIXES = {".log", ".tmp"}
+
+#: Results measured before they recorded their suite: stem -> suite (``None`` for evidence that
+#: documents cite), and what no JSON says: ``target`` for evidence, ``figure`` for lone text files.
+EARLIER: dict[str, dict[str, str | None]] = {
+    "train_speed_synth_124m_b64_warm25_h200": {"suite": "train-synthetic-124m"},
+    "train_speed_synth_ws1_h200_b4b8d4b": {"suite": "train-synthetic-124m"},
+    "train_speed_synth_ws1_h200_1538c02": {"suite": "train-synthetic-1.5b"},
+    "train_speed_synth_profiled_ws1_h200": {"suite": "train-synthetic-1.5b"},
+    "target_sharded_vs_ddp_h200": {
+        "suite": "train-synthetic-1.5b",
+        "figure": "analysis: 1.5B 1.10x (FairScale), 1.08x (FSDP2) of ddp bf16; 124M 1.0-1.27x "
+        "within one machine state; not met",
+    },
+    "train_speed_piqa_h200x2_804582a": {"suite": "train-piqa"},
+    "train_speed_piqa_124m_b16_gap_h200": {"suite": "train-piqa"},
+    "host_overhead_piqa_h200": {
+        "suite": "profile",
+        "figure": "analysis: 124M FairScale bf16 + checkpointing keeps the GPU busy 12 of 78 ms; "
+        "FairScale's hooks ~3 ms per unit and step",
+    },
+    "eval_speed_packing_h200_777bde0": {"suite": "eval"},
+    "eval_speed_packing_h200_47e7b6b": {"suite": "eval"},
+    "logit_chunk_probe_h200": {
+        "suite": "eval",
+        "figure": "19,940-20,652 q/s (bf16, packed, 4,096-row logit chunks); smaller chunks slower",
+    },
+    "scoring_probe_tokenizing_parts_h200": {
+        "suite": "eval",
+        "figure": "tokenizing on a thread while scoring: 15,031-19,513 q/s, no faster than "
+        "tokenizing first (17,578-18,017 on that machine); reverted",
+    },
+    "eval_speed_parts512_h200": {
+        "suite": None,
+        "target": "evidence (the predictions step): tokenizing in parts of 512 examples while "
+        "scoring, slower than in one part",
+    },
+    "eval_speed_parts100000_h200": {
+        "suite": None,
+        "target": "evidence (the predictions step): the same commit tokenizing in one part",
+    },
+    "precision_h200_ws1": {"suite": "precision"},
+    "max_model_ws1_h200x2": {"suite": "max-model"},
+    "max_model_ws2_h200x2": {"suite": "max-model"},
+    "train_speed_pipe_h200x2": {"suite": "pipe"},
+    "multinode_h200x2": {"suite": "multinode"},
+    "e2e_tango_run_h200": {"suite": "e2e"},
+    "e2e_tango_run_h200x2": {"suite": "e2e"},
+    "mfu_h200": {
+        "suite": None,
+        "target": "figure (README): MFU before and after the fused GELU and aligned projection "
+        "(plot_results.py over train_speed_synth_ws1_h200x2 and _fused_h200x2)",
+        "figure": "plot",
+    },
+    "train_speed_synth_ws1_h200x2": {
+        "suite": None,
+        "target": "evidence (README): seq-1024 batches, FairScale bf16 + checkpointing against "
+        "DDP fp32 on one GPU; before the fused GELU",
+    },
+    "train_speed_synth_ws1_fused_h200x2": {
+        "suite": None,
+        "target": "evidence (ARCHITECTURE): training after the fused GELU and aligned projection",
+    },
+    "train_speed_piqa_fused_h200x2": {
+        "suite": None,
+        "target": "evidence (ARCHITECTURE): PIQA steps after the fused GELU and aligned projection",
+    },
+    "eval_speed_fused_h200x2": {
+        "suite": None,
+        "target": "evidence (ARCHITECTURE): scoring after the fused GELU and aligned projection",
+    },
+    "train_speed_piqa_packing_124m_b16_h200": {
+        "suite": None,
+        "target": "evidence (ARCHITECTURE): packed against padded PIQA batches, 124M batch 16",
+    },
+    "train_speed_piqa_packing_1.5b_b64_h200": {
+        "suite": None,
+        "target": "evidence (README, ARCHITECTURE): packed against padded PIQA batches, 1.5B "
+        "batch 64",
+    },
+}
+
+
+def suites() -> dict[str, str]:
+    """``gpu.sh``'s suites in order: name -> the figure it produces (its ``#@`` lines)."""
+    found = {}
+    for line in RUNNER.read_text().splitlines():
+        if line.startswith("#@ "):
+            name, _gpus, _seconds, target = (part.strip() for part in line[3:].split("|", 3))
+            found[name] = target
+    return found
+
+
+# --- key figures, by what wrote the result -------------------------------------------------------
+
+
+def train_speed_figure(data: dict[str, Any]) -> str:
+    rows = [r for r in data.get("results", []) if "error" not in r]
+    checks = [c for c in data.get("target_checks") or [] if c.get("status") == "measured"]
+    if checks:
+        return "; ".join(
+            f"`{c['target']}` vs `{c['compare_to']}`, {c['world_size']} GPU(s): memory "
+            f"{c['peak_allocated_ratio']:.2f}x, throughput {c['tokens_per_s_ratio']:.2f}x"
+            for c in checks
+        )
+    pipes = [e for e in data.get("pipe_analysis") or [] if e.get("measured_efficiency")]
+    if pipes:
+        best = max(pipes, key=lambda e: e["measured_efficiency"])
+        return (
+            f"{best['shape']} `{best['config']}`: efficiency {best['measured_efficiency']:.2f} "
+            f"of {best['stages']} GPUs, largest device "
+            f"{best['max_device_peak_allocated_vs_single']:.2f}x one GPU's memory"
+        )
+    parts = []
+    for shape in dict.fromkeys(r["shape"] for r in rows):
+        group = [r for r in rows if r["shape"] == shape]
+        if data.get("settings", {}).get("data") == "piqa":
+            best = max(group, key=lambda r: r.get("tokens_per_s_vs_compare") or 0)
+            parts.append(
+                f"{shape}: `{best['config']}` {best.get('tokens_per_s_vs_compare') or 0:.2f}x "
+                f"`{best.get('compare_to')}` tokens/s"
+            )
+            continue
+        best = max(group, key=lambda r: r.get("mfu") or 0)
+        text = f"{shape}: `{best['config']}` {100 * best['mfu']:.1f} % MFU"
+        if best.get("tokens_per_s_vs_baseline") and best.get("baseline") != best["config"]:
+            text += f" ({best['tokens_per_s_vs_baseline']:.2f}x `{best['baseline']}`)"
+        parts.append(text + fairscale_vs_fsdp2(group))
+    return "; ".join(parts) or "no configuration measured"
+
+
+def fairscale_vs_fsdp2(rows: list[dict[str, Any]]) -> str:
+    """``, FairScale/FSDP2 1.02x`` when both engines ran the same settings."""
+    by_config = {r["config"]: r for r in rows}
+    for config, row in by_config.items():
+        if config.startswith("fairscale-"):
+            other = by_config.get("fsdp2-" + config[len("fairscale-") :])
+            if other and other.get("tokens_per_s_per_gpu"):
+                ratio = row["tokens_per_s_per_gpu"] / other["tokens_per_s_per_gpu"]
+                return f", FairScale/FSDP2 {ratio:.2f}x"
+    return ""
+
+
+def eval_speed_figure(data: dict[str, Any]) -> str:
+    entries = [("fp32, batch " + str(r["batch_size"]), r) for r in data.get("batch_sizes") or []]
+    entries += [(r["variant"], r) for r in data.get("variants") or []]
+    entries += [
+        (f"{r['precision']}, {r['max_batch_tokens']} tokens, {r.get('layout', 'padded')}", r)
+        for r in data.get("token_budgets") or []
+    ]
+    if not entries:
+        return "nothing measured"
+    label, best = max(entries, key=lambda e: e[1]["step_queries_per_s"])
+    return f"{best['step_queries_per_s']:,.0f} queries/s ({label})"
+
+
+def precision_figure(data: dict[str, Any]) -> str:
+    comparison = data.get("comparison") or {}
+    window = (data.get("settings") or {}).get("final_window")
+    parts = [
+        f"{name} {100 * c['rel_diff_final_loss']:.2f} % at the last step "
+        f"({100 * c[f'rel_diff_mean_last_{window}']:.2f} % over the last {window})"
+        for name, c in comparison.items()
+        if isinstance(c, dict)
+    ]
+    runs = [r for r in data.get("runs", []) if "error" not in r]
+    nonfinite = any(r.get("any_nonfinite") for r in runs)
+    skipped = sum(r.get("num_skipped_steps") or 0 for r in runs)
+    return (
+        "final loss vs fp32: " + ", ".join(parts)
+        + f"; {'non-finite losses' if nonfinite else 'no non-finite loss'}, {skipped} skipped"
+    )  # fmt: skip
+
+
+def max_model_figure(data: dict[str, Any]) -> str:
+    parts = []
+    for world in sorted({s["world_size"] for s in data.get("searches", [])}):
+        trained = [
+            s for s in data["searches"] if s["world_size"] == world and s["largest_trained_params"]
+        ]
+        if trained:
+            best = max(trained, key=lambda s: s["largest_trained_params"])
+            parts.append(
+                f"{world} GPU(s): {best['largest_trained_params'] / 1e9:.2f}B (`{best['config']}`)"
+            )
+    return "; ".join(parts) or "nothing trained"
+
+
+def multinode_figure(data: dict[str, Any]) -> str:
+    diffs = [r.get("max_abs_weight_diff") for r in data.get("runs", [])]
+    measured = [d for d in diffs if d is not None]
+    if not measured:
+        return "no weights compared"
+    return f"largest weight difference to one node: {max(measured):g} ({len(measured)} launches)"
+
+
+FIGURES = {
+    "train_speed": train_speed_figure,
+    "eval_speed": eval_speed_figure,
+    "precision_run": precision_figure,
+    "max_model": max_model_figure,
+    "multinode": multinode_figure,
+}
+
+
+def results_table_figure(text: str) -> str | None:
+    """``tango-fairscale results``' table (the e2e suite): acc per run."""
+    lines = text.splitlines()
+    header = next((i for i, line in enumerate(lines) if line.startswith("run ")), None)
+    if header is None:
+        return None
+    names = re.split(r"\s{2,}", lines[header].strip())  # values hold single spaces ("0.5 ± 0.1")
+    if "acc" not in names:
+        return None
+    accs = []
+    for line in lines[header + 2 :]:
+        cells = re.split(r"\s{2,}", line.strip())
+        if len(cells) != len(names):
+            break
+        accs.append(f"{cells[0]} {cells[names.index('acc')].split()[0]}")
+    return "acc " + ", ".join(accs) if accs else None
+
+
+# --- one row per result ----------------------------------------------------------------------
+
+
+def describe(stem: str, files: list[Path], runner_suite: str | None) -> dict[str, Any]:
+    earlier = EARLIER.get(stem, {})
+    row: dict[str, Any] = {
+        "stem": stem,
+        "files": files,
+        "suite": runner_suite or earlier.get("suite"),
+        "target": earlier.get("target"),
+        "figure": earlier.get("figure"),
+        "commit": None,
+        "gpu": None,
+        "date": None,
+    }
+    json_file = next((f for f in files if f.suffix == ".json"), None)
+    if json_file is not None:
+        data = json.loads(json_file.read_text())
+        env = data.get("environment") or {}
+        kind = data.get("benchmark") or ("multinode" if "runs" in data and "gpus" in data else None)
+        row["suite"] = env.get("suite") or row["suite"]
+        row["figure"] = row["figure"] or (FIGURES[kind](data) if kind in FIGURES else None)
+        row["commit"] = env.get("commit") or data.get("commit")
+        gpus = data.get("gpus") or []
+        name = env.get("gpu_name") or (gpus[0] if gpus else None)
+        count = env.get("gpu_count") or len(gpus)
+        row["gpu"] = f"{name.removeprefix('NVIDIA ')} x{count}" if name else "CPU"
+        row["date"] = (env.get("timestamp_utc") or "")[:10] or None
+        return row
+    text_file = next((f for f in files if f.suffix in (".md", ".txt")), None)
+    if text_file is not None:
+        text = text_file.read_text()
+        head = "\n".join(text.splitlines()[:4])
+        commit = re.search(r"commits? ([0-9a-f]{7,40})", head, re.IGNORECASE)
+        date = re.search(r"\b(20\d\d-\d\d-\d\d)\b", head)
+        gpu = re.search(r"(\d+) x H200|one H200|H200", head)
+        row["commit"] = commit.group(1) if commit else None
+        row["date"] = date.group(1) if date else None
+        if gpu:
+            row["gpu"] = f"H200 x{gpu.group(1)}" if gpu.group(1) else "H200 x1"
+        row["figure"] = row["figure"] or results_table_figure(text)
+    return row
+
+
+def collect(folder: Path) -> list[dict[str, Any]]:
+    known = suites()
+    groups: dict[tuple[Path, str], list[Path]] = {}
+    for path in sorted(folder.rglob("*")):
+        if path.is_file() and path.name not in SKIPPED and path.suffix not in SKIPPED_SUFFIXES:
+            groups.setdefault((path.parent, path.stem), []).append(path)
+    rows = []
+    for (parent, stem), files in groups.items():
+        runner_suite = parent.name if parent.name in known else None
+        row = describe(stem, files, runner_suite)
+        row["target"] = row["target"] or known.get(row["suite"] or "", "–")
+        rows.append(row)
+    order = list(known)
+
+    def key(row: dict[str, Any]) -> tuple[int, str]:
+        suite = row["suite"]
+        return (order.index(suite) if suite in order else len(order), row["stem"])
+
+    return sorted(rows, key=key)
+
+
+def table(rows: list[dict[str, Any]], folder: Path) -> list[str]:
+    lines = [
+        "| result | suite | target | key figure | commit | GPU | date |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        links = " ".join(
+            f"[{f.suffix[1:]}]({f.relative_to(folder).as_posix()})" for f in row["files"]
+        )
+        cells = [
+            f"`{row['stem']}` {links}",
+            row["suite"] or "–",
+            row["target"],
+            row["figure"] or "–",
+            (row["commit"] or "–")[:7],
+            row["gpu"] or "–",
+            row["date"] or "–",
+        ]
+        lines.append("| " + " | ".join(cell.replace("|", "/") for cell in cells) + " |")
+    return lines
+
+
+def index_markdown(folder: Path) -> str:
+    rows = collect(folder)
+    lines = [
+        "# Benchmark results: the current figures",
+        "",
+        "Generated by `python benchmarks/index.py` from the files in this folder; do not edit by "
+        "hand. One row per result (a JSON file and the Markdown beside it, or a lone file). "
+        "`suite`: the `benchmarks/gpu.sh` suite that measures it again; rows without one are "
+        "evidence that the docs cite. Key figures come from the JSON (see each file for the "
+        "settings and the same-run baseline); lone text files' figures are stated in "
+        "`benchmarks/index.py`. Results that were replaced are in git's history: "
+        "`git log --diff-filter=D --name-only -- benchmarks/results`.",
+        "",
+    ]
+    return "\n".join(lines + table(rows, folder)) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dir", type=Path, default=RESULTS, help="folder of results")
+    parser.add_argument("--print", action="store_true", help="to stdout instead of INDEX.md")
+    parser.add_argument("--check", action="store_true", help="exit 1 if INDEX.md is stale")
+    args = parser.parse_args(argv)
+    text = index_markdown(args.dir)
+    target = args.dir / "INDEX.md"
+    if args.print:
+        print(text, end="")
+    elif args.check:
+        if not target.is_file() or target.read_text() != text:
+            print(f"{target} is not up to date: run python benchmarks/index.py", file=sys.stderr)
+            return 1
+    else:
+        target.write_text(text)
+        print(f"wrote {target}: {text.count(chr(10)) - 6} results")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
