@@ -1,13 +1,9 @@
 """tango_fairscale: sharded training and lm-eval-exact evaluation of causal LMs as Tango steps.
 
-Importing the package registers its components (``include_package: [tango_fairscale]`` in
-``tango.yml`` does this for ``tango run``).
+``include_package: [tango_fairscale]`` (in ``tango.yml``) registers every component: Tango imports
+each submodule. Importing this package alone imports nothing heavy (no torch), so that
+``tango_fairscale.results`` and the ``tango-fairscale`` command start fast; import the module of a
+component to use it from Python (e.g. ``tango_fairscale.train.step``).
 """
 
-from . import compat
-
-compat.apply()
-
-from . import data, engines, evaluation, format, model, train  # noqa: E402
-
-__all__ = ["data", "engines", "evaluation", "format", "model", "train"]
+__version__ = "0.1.0"

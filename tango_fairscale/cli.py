@@ -10,7 +10,8 @@
 precision, devices, train steps and the PIQA validation metrics; ``--json`` prints the same as a
 JSON list; ``--plot`` also draws the training loss and validation accuracy curves into a file.
 ``run`` is ``tango run`` for every process of a job started by ``torchrun`` (or SLURM): rank 0
-runs the Tango steps and the other ranks join its training steps (:mod:`tango_fairscale.launcher`).
+runs the Tango steps and the other ranks join its training steps
+(:mod:`tango_fairscale.runtime.launcher`).
 Without launcher variables it is plain ``tango run``. Its exit code is ``tango run``'s.
 
 Problems (no workspace, no runs, an unknown run, nothing to plot) are reported in one line on
@@ -95,7 +96,6 @@ def _positive_seconds(text: str) -> float:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (0, or 2 for a problem reported on stderr)."""
     args = build_parser().parse_args(argv)
-    from .launcher import LaunchError
     from .results import ResultsError
 
     try:
@@ -103,21 +103,28 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _results(args)
         if args.command == "run":
             return _run(args)
-    except (ResultsError, LaunchError, OSError) as error:
+    except (ResultsError, CommandError, OSError) as error:
         message = " ".join(str(error).split()) or type(error).__name__
         print(f"{PROG}: error: {message}", file=sys.stderr)
         return 2
     raise AssertionError(f"unhandled command {args.command!r}")
 
 
+class CommandError(Exception):
+    """A problem the command reports in one line (exit code 2)."""
+
+
 def _run(args: argparse.Namespace) -> int:
     from datetime import timedelta
 
-    from . import launcher
-    from .train import join_training
+    from .runtime import launcher
+    from .train.step import join_training
 
     timeout = timedelta(seconds=args.rendezvous_timeout)
-    return launcher.run([args.config, *args.tango_args], join_training, timeout)
+    try:
+        return launcher.run([args.config, *args.tango_args], join_training, timeout)
+    except launcher.LaunchError as error:
+        raise CommandError(str(error)) from None
 
 
 def _results(args: argparse.Namespace) -> int:

@@ -30,8 +30,7 @@ from tango.step_info import StepInfo, StepState
 from tango.workspace import Run
 from tango.workspaces import LocalWorkspace
 
-from .format import TRAINING_LOG
-from .train import read_training_log
+from .train.log import TRAINING_LOG, read_training_log
 
 __all__ = [
     "METRICS_STEP",

@@ -5,13 +5,25 @@ environment variable ``TANGO_FAIRSCALE_SHARED_DATA`` (``.ci/run`` sets it to ``.
 Tests that need it fail, never skip, when it is missing.
 """
 
+import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _register_components() -> None:
+    """What ``include_package: [tango_fairscale]`` does for ``tango run``: import every module."""
+    from tango.common.util import import_module_and_submodules
+
+    import_module_and_submodules("tango_fairscale")
+
+
+_register_components()
 
 
 def shared_data_dir() -> Path:
@@ -52,7 +64,7 @@ def save_tiny_gpt2(
     directory: Path, tokenizer_dir: Path, seed: int = 1, **overrides: object
 ) -> Path:
     """A seeded, randomly initialised GPT-2-shaped model saved like a hub checkpoint."""
-    from tango_fairscale.model import ModelWrapper
+    from tango_fairscale.model.causal_lm import ModelWrapper
 
     model = ModelWrapper(config={**TINY_GPT2, **overrides}, tokenizer=str(tokenizer_dir), seed=seed)
     model.save(directory)
@@ -67,7 +79,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path
 @pytest.fixture(scope="session")
 def piqa_small(piqa_dir: Path):
     """The first 64 examples of each PIQA split."""
-    from tango_fairscale.data import read_piqa
+    from tango_fairscale.tasks.piqa import read_piqa
 
     return read_piqa(piqa_dir, limit=64)
 
@@ -97,7 +109,7 @@ def train_tiny(
     from tango.integrations.torch import Model, TrainingEngine
     from tango.workspaces import LocalWorkspace
 
-    from tango_fairscale.train import TrainStep
+    from tango_fairscale.train.step import TrainStep
 
     step = TrainStep(
         model=Lazy(Model, Params({"type": "tango_fairscale::causal_lm", "model": str(model_dir)})),
@@ -128,8 +140,9 @@ def train_in(
     from tango.common import Lazy, Params
     from tango.integrations.torch import Model, TrainConfig, TrainingEngine
 
-    from tango_fairscale.engines.base import free_port
-    from tango_fairscale.train import TrainPlan, run_training
+    from tango_fairscale.runtime.process_group import free_port
+    from tango_fairscale.train.loop import TrainPlan
+    from tango_fairscale.train.step import run_training
 
     config = TrainConfig(
         "test",
@@ -182,3 +195,48 @@ def child_processes(pid: int, marker: bytes) -> list[int]:
         if int(fields[1]) == pid and marker in cmdline:
             children.append(int(stat.parent.name))
     return children
+
+
+# Small PIQA-format files, for the reader's tests and hostile input -------------------------------
+
+
+def line(goal: str, sol1: str = "a", sol2: str = "b") -> str:
+    return json.dumps({"goal": goal, "sol1": sol1, "sol2": sol2})
+
+
+GOOD_FILES: dict[str, str] = {
+    "train.jsonl": "\n".join(line(f"train {i}") for i in range(3)) + "\n",
+    "train-labels.lst": "1\n0\n1\n",
+    "valid.jsonl": "\n".join(line(f"valid {i}") for i in range(3)) + "\n",
+    "valid-labels.lst": "0\n1\n0\n",
+    "tests.jsonl": "\n".join(line(f"test {i}") for i in range(3)) + "\n",
+}
+
+
+def make_piqa_dir(directory: Path, overrides: Mapping[str, str | None] | None = None) -> Path:
+    """Write the five small, valid files into ``directory``; ``overrides`` replaces files by name
+    (``None`` leaves one out)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, content in {**GOOD_FILES, **(overrides or {})}.items():
+        if content is not None:
+            (directory / name).write_text(content, encoding="utf-8")
+    return directory
+
+
+# PIQA token queries --------------------------------------------------------------------------
+
+
+def choice_queries(examples, tokenizer, max_length: int):
+    """Both choices of every PIQA example, encoded as the predictions step encodes them."""
+    from tango_fairscale.data.queries import encode_pairs
+    from tango_fairscale.tasks.piqa import choice_pairs
+
+    return encode_pairs(tokenizer, choice_pairs(examples), max_length)
+
+
+def training_queries(examples, tokenizer, max_length: int):
+    """The correct choice of every labelled PIQA example, as the training step encodes them."""
+    from tango_fairscale.data.queries import encode_pairs
+    from tango_fairscale.tasks.piqa import training_pairs
+
+    return encode_pairs(tokenizer, training_pairs(examples), max_length)

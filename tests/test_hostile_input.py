@@ -4,8 +4,8 @@ says what to change, raised before any expensive work — or a documented, teste
 Most cases go through the Python API as Tango builds the components (``Params`` /
 ``from_params`` / ``Lazy``, the steps' ``run``); two go through ``tango run`` for the Jsonnet
 variables (``-D name=value``). Documented behaviours, not errors: texts longer than the model's
-context are left-truncated as lm-eval does (``tango_fairscale.batching``); a line over
-``MAX_LINE_BYTES`` in a PIQA file is refused (``tango_fairscale.data``).
+context are left-truncated as lm-eval does (``tango_fairscale.data.queries``); a line over
+``MAX_LINE_BYTES`` in a PIQA file is refused (``tango_fairscale.tasks.piqa``).
 """
 
 from __future__ import annotations
@@ -21,19 +21,19 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import GOOD_FILES, line, make_piqa_dir
 from tango import Step
 from tango.common import Lazy, Params
 from tango.common.dataset_dict import DatasetDict
 from tango.common.exceptions import ConfigurationError
 from tango.integrations.torch import Model, TrainConfig, TrainingEngine
-from test_data import GOOD_FILES, line, make_piqa_dir
 
-from tango_fairscale.data import MAX_LINE_BYTES, PiqaFormatError, read_piqa
-from tango_fairscale.engines.base import resolve_precision
-from tango_fairscale.evaluation import PiqaMetricsStep, PiqaPredictionsStep
-from tango_fairscale.model import ModelWrapper
-from tango_fairscale.train import TrainStep
-from tango_fairscale.wrapping import ShardingConfig
+from tango_fairscale.evaluation.steps import PiqaMetricsStep, PiqaPredictionsStep
+from tango_fairscale.model.causal_lm import ModelWrapper
+from tango_fairscale.parallel.precision import resolve_precision
+from tango_fairscale.parallel.sharding import ShardingConfig
+from tango_fairscale.tasks.piqa import MAX_LINE_BYTES, PiqaFormatError, read_piqa
+from tango_fairscale.train.step import TrainStep
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -233,7 +233,7 @@ def test_unknown_precision_lists_the_choices(tmp_path: Path, name: str) -> None:
 def test_zero_negative_or_mistyped_counts(name: str, value: Any) -> None:
     with pytest.raises(ConfigurationError) as err:
         train(**{name: value})
-    one_line(err.value, f"{name} must be a positive integer, got {value!r}")
+    one_line(err.value, f"{name} must be a positive integer", f"got {value!r}")
 
 
 def test_batch_not_divisible_by_devices_says_what_to_change() -> None:
@@ -255,16 +255,18 @@ def test_empty_validation_split_is_refused_before_training() -> None:
     # Used to train first, then divide by zero when validating.
     with pytest.raises(ConfigurationError) as err:
         train(dataset(validation=0))
-    one_line(err.value, "validation split 'validation' holds no examples", "validation_split")
+    one_line(
+        err.value, "validation_split 'validation' holds no examples", "set validation_split to null"
+    )
 
 
 def test_unknown_split_and_signal_names() -> None:
     with pytest.raises(ConfigurationError) as err:
         train(train_split="training")
-    one_line(err.value, "split 'training' is not in the dataset; choose one of ['train', ")
+    one_line(err.value, "train_split 'training' is not in the dataset; choose one of ['train', ")
     with pytest.raises(ConfigurationError) as err:
         train(preemption_signal="SIGKILL")
-    one_line(err.value, "preemption_signal must be one of SIGTERM, ", "got 'SIGKILL'")
+    one_line(err.value, "unknown preemption_signal 'SIGKILL'", "choose one of SIGTERM, ")
 
 
 def test_pack_sequences_must_be_a_boolean() -> None:
@@ -310,10 +312,10 @@ def test_model_config_that_is_not_an_object(tokenizer_dir: Path) -> None:
 @pytest.mark.parametrize(
     "arguments, message",
     [
-        ({"batch_size": "8"}, "batch_size must be an integer, got '8'"),
-        ({"batch_size": 0}, "batch_size must be at least 1, got 0"),
-        ({"max_batch_tokens": 0}, "max_batch_tokens must be at least 1, got 0"),
-        ({"max_batch_tokens": 1.5}, "max_batch_tokens must be an integer, got 1.5"),
+        ({"batch_size": "8"}, "batch_size must be a positive integer, got '8'"),
+        ({"batch_size": 0}, "batch_size must be a positive integer, got 0"),
+        ({"max_batch_tokens": 0}, "max_batch_tokens must be a positive integer or null, got 0"),
+        ({"max_batch_tokens": 1.5}, "max_batch_tokens must be a positive integer or null, got 1.5"),
         ({"precision": "16-mixed"}, "'16-mixed' (fp16 with gradient scaling) needs a CUDA GPU"),
         ({"precision": "bf16-true"}, "scoring precision must be '32-true' or 'bf16-mixed'"),
         ({"split": "dev"}, "split 'dev' is not in the dataset"),

@@ -1,0 +1,137 @@
+"""Fixes for what Tango 1.3.2 gets wrong, applied once when this package is imported (guarded).
+
+Every module that registers a Tango component imports it; FairScale's and transformers' fixes
+are in :mod:`.fairscale` and :mod:`.transformers`, applied where those libraries are used.
+
+
+* Tango 1.3.2 records the git commit and ``origin`` remote of the working directory before each
+  step and crashes (``ValueError``) in a repository with no commit or no ``origin`` remote — a
+  fresh ``git init`` or a clone whose remote was renamed. Record no git metadata there instead.
+  (``EnvironmentMetadata`` captured the method as its dataclass default factory, so the factory
+  held by its ``__init__`` is replaced, not just the class attribute.)
+* A config key a component does not take fails with Tango's "Extra parameters passed to X: {...}",
+  which names neither the fields X takes nor the one meant: the closest field and the list are
+  added (``difflib``), for every ``FromParams`` class and step (``patch_tango_unknown_fields``).
+* An unregistered ``type`` (a typo) makes Tango import each of its integrations in search of the
+  name; with the pinned transformers its ``transformers`` integration raises ``ImportError``, so a
+  typo surfaced as a raw import error. Integrations that do not import are skipped, and the typo
+  ends in Tango's ``RegistryKeyError`` ("... is not a registered name ..., did you mean ...?").
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from collections.abc import Iterator
+from typing import Any
+
+
+def patch_tango_git_metadata() -> None:
+    from tango.step_info import EnvironmentMetadata, GitMetadata
+
+    original = GitMetadata.check_for_repo
+
+    def check_for_repo() -> GitMetadata | None:
+        try:
+            return original()
+        except ValueError:  # no commit yet, or no "origin" remote
+            return None
+
+    cells: Any = EnvironmentMetadata.__init__.__closure__ or ()
+    for cell in cells:
+        if cell.cell_contents == original:
+            cell.cell_contents = check_for_repo
+
+
+def _subclasses(cls: type) -> Iterator[type]:
+    subclass: type
+    for subclass in cls.__subclasses__():
+        yield subclass
+        yield from _subclasses(subclass)
+
+
+def accepted_fields(class_name: str) -> list[str]:
+    """The config keys that the ``FromParams`` classes named ``class_name`` take (for a step: its
+    ``run`` arguments, then Tango's ``step_*`` options)."""
+    from tango import Step
+    from tango.common import FromParams
+
+    fields: list[str] = []
+    for cls in _subclasses(FromParams):
+        if cls.__name__ != class_name:
+            continue
+        functions = [cls.run, Step.__init__] if issubclass(cls, Step) else [cls.__init__]
+        for function in functions:
+            try:
+                parameters = inspect.signature(function).parameters.values()
+            except (TypeError, ValueError):
+                continue
+            fields += [
+                p.name
+                for p in parameters
+                if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+                and p.name not in ("self", "train_config", "step_config", "step_unique_id_override")
+                and p.name not in fields
+            ]
+    return fields
+
+
+def patch_tango_unknown_fields() -> None:
+    from tango.common.exceptions import ConfigurationError
+    from tango.common.params import Params
+
+    original = Params.assert_empty
+    if getattr(original, "suggests_fields", False):
+        return
+
+    def assert_empty(self: Params, name: str) -> None:
+        try:
+            original(self, name)
+        except ConfigurationError as error:
+            fields = accepted_fields(name)
+            if not fields:
+                raise
+            guesses = [
+                f"{close[0]!r} for {key!r}"
+                for key in self.params
+                if (close := difflib.get_close_matches(str(key), fields, n=1, cutoff=0.6))
+            ]
+            hint = f"; did you mean {', '.join(guesses)}?" if guesses else ""
+            raise ConfigurationError(f"{error}{hint} ({name} takes {', '.join(fields)})") from None
+
+    assert_empty.suggests_fields = True  # type: ignore[attr-defined]
+    Params.assert_empty = assert_empty  # type: ignore[method-assign]
+
+
+def patch_tango_registry_search() -> None:
+    import tango.common.registrable as registrable
+    from tango.common.exceptions import IntegrationMissingError
+
+    original = registrable.import_module_and_submodules
+    if getattr(original, "skips_broken_integrations", False):
+        return
+
+    broken: set[str] = set()  # imported half-way once: importing again re-registers names
+
+    def import_module_and_submodules(module: str, *args: Any, **kwargs: Any) -> None:
+        if module in broken:
+            raise IntegrationMissingError(module.rsplit(".", 1)[-1])
+        try:
+            original(module, *args, **kwargs)
+        except ImportError as error:
+            if not module.startswith("tango.integrations."):
+                raise
+            broken.add(module)
+            raise IntegrationMissingError(module.rsplit(".", 1)[-1]) from error
+
+    import_module_and_submodules.skips_broken_integrations = True  # type: ignore[attr-defined]
+    registrable.import_module_and_submodules = import_module_and_submodules  # type: ignore[assignment]
+
+
+def apply() -> None:
+    patch_tango_git_metadata()
+    patch_tango_unknown_fields()
+    patch_tango_registry_search()
+
+
+apply()

@@ -1,0 +1,1 @@
+"""Token queries, model batches (padded or packed) and batch schedules."""

@@ -1,0 +1,1 @@
+"""Scoring (one device or every rank) and the cached evaluation steps."""

@@ -1,0 +1,147 @@
+"""Scoring queries: the log-likelihood of each continuation, batched, on one device or with every
+rank of a process group scoring a slice.
+
+Batches are length-sorted (or packed), one forward each. Under data-parallel or sharded training
+every rank scores its slice *through the engine's wrapped model* (never an inner module) and runs
+the same number of forwards (ranks with fewer batches repeat a one-query batch, so FSDP's
+all-gathers never hang); the scores are gathered so that every rank holds all of them.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from tango.common import Tqdm
+
+from ..data.batches import collate, packed_batch
+from ..data.queries import Query
+from ..data.schedules import scoring_batches
+from ..model.causal_lm import move_batch
+from ..runtime.process_group import rank_and_world_size
+
+Forward = Callable[[dict[str, torch.Tensor]], Mapping[str, torch.Tensor]]
+
+
+#: Forwards queued on a GPU at most (a few batches ahead: the GPU never waits for Python between
+#: them, yet the progress bar and the memory held by queued batches stay bounded).
+QUEUED_FORWARDS = 4
+
+#: Packed scoring rows feed the model a multiple of this many positions (aligned attention masks).
+SCORING_WIDTH_MULTIPLE = 8
+
+
+def score_queries(
+    forward: Forward,
+    queries: Sequence[Query],
+    *,
+    batch_size: int,
+    pad_token_id: int,
+    device: torch.device,
+    max_batch_tokens: int | None = None,
+    num_forwards: int | None = None,
+    packed: bool = False,
+    progress: bool = True,
+) -> list[float]:
+    """Log-likelihood of each query's continuation, in the order of ``queries``.
+
+    Batches as :func:`~tango_fairscale.data.schedules.scoring_batches` makes them: right-padded rows
+    or, ``packed`` (for a forward that takes packed batches), rows packed by
+    :func:`~tango_fairscale.data.batches.packed_batch`. Results stay on the device until the end;
+    Python runs at most ``QUEUED_FORWARDS`` forwards ahead of a GPU. ``num_forwards`` (at least
+    the number of batches) pads the work with repeated forwards of a one-query batch whose
+    results are discarded, so that all ranks call ``forward`` equally often.
+    """
+    batches = scoring_batches(queries, batch_size, max_batch_tokens, packed)
+    if packed:
+        make_batch = functools.partial(
+            packed_batch, pad_token_id=pad_token_id, width_multiple=SCORING_WIDTH_MULTIPLE
+        )
+    else:
+        make_batch = functools.partial(collate, pad_token_id=pad_token_id)
+    filler = [Query((pad_token_id, pad_token_id), 1)]  # any tokens serve
+    results = []
+    queued: collections.deque[tuple[Any, int]] = collections.deque()  # (done event, rows)
+    depth = QUEUED_FORWARDS if device.type == "cuda" else 0  # a CPU forward is done on return
+    bar = Tqdm.tqdm(total=len(queries), desc="Scoring", unit="query", disable=not progress)
+    for index in range(max(num_forwards or 0, len(batches))):
+        rows = [queries[i] for i in batches[index]] if index < len(batches) else filler
+        loglikelihood = forward(move_batch(make_batch(rows), device))["loglikelihood"]
+        if index < len(batches):
+            results.append(loglikelihood.float())
+        done = torch.cuda.Event() if device.type == "cuda" else None
+        if done is not None:
+            done.record()
+        queued.append((done, len(rows) if index < len(batches) else 0))
+        while len(queued) > depth:
+            oldest, num_rows = queued.popleft()
+            if oldest is not None:
+                oldest.synchronize()
+            bar.update(num_rows)
+    values = torch.cat(results).cpu().tolist() if results else []
+    bar.update(sum(num_rows for _, num_rows in queued))
+    bar.close()
+    scores = [0.0] * len(queries)
+    order = [i for batch_indices in batches for i in batch_indices]
+    for query_index, value in zip(order, values, strict=True):
+        scores[query_index] = value
+    return scores
+
+
+def score_on_all_ranks(
+    forward: Forward,
+    queries: Sequence[Query],
+    *,
+    batch_size: int,
+    pad_token_id: int,
+    device: torch.device,
+    max_batch_tokens: int | None = None,
+    packed: bool = False,
+    progress: bool = True,
+) -> list[float]:
+    """:func:`score_queries` with the work split over the process group (or alone without one).
+
+    Call on every rank with the same ``queries``. Rank ``r`` of ``W`` scores the ``r``-th of ``W``
+    contiguous slices (queries that share a context stay together, except at a slice's edge);
+    the number of forwards is agreed first (a max all-reduce), so every rank runs as many; the
+    scores are gathered, so every rank returns all of them, in the order of ``queries``.
+    """
+    rank, world_size = rank_and_world_size()
+    bounds = [len(queries) * r // world_size for r in range(world_size + 1)]
+    mine = queries[bounds[rank] : bounds[rank + 1]]
+    num_forwards = len(scoring_batches(mine, batch_size, max_batch_tokens, packed))
+    if world_size > 1:
+        agreed = torch.tensor([num_forwards], device=device)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+        num_forwards = int(agreed.item())
+    scores = score_queries(
+        forward,
+        mine,
+        batch_size=batch_size,
+        pad_token_id=pad_token_id,
+        device=device,
+        max_batch_tokens=max_batch_tokens,
+        num_forwards=num_forwards,
+        packed=packed,
+        progress=progress,
+    )
+    if world_size == 1:
+        return scores
+    width = max(b - a for a, b in zip(bounds, bounds[1:]))
+    padded = torch.zeros(width, dtype=torch.float64, device=device)
+    padded[: len(scores)] = torch.tensor(scores, dtype=torch.float64)
+    gathered = [torch.empty_like(padded) for _ in range(world_size)]
+    dist.all_gather(gathered, padded)
+    return [
+        value
+        for r, part in enumerate(gathered)
+        for value in part[: bounds[r + 1] - bounds[r]].tolist()
+    ]
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")

@@ -1,0 +1,174 @@
+"""The Tango ``Model`` around a Hugging Face causal LM: one ``forward`` for the training loss and
+for scoring choices, over right-padded or packed batches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from tango.common.exceptions import ConfigurationError
+from tango.integrations.torch import Model
+from transformers import PreTrainedModel
+
+from .. import compat  # noqa: F401  (Tango fixes)
+from ..compat.transformers import unpacked_sequences
+from .loading import build_model, fuse_tanh_gelu, load_tokenizer, set_padding_token
+from .loss import loss_outputs, scored_row_nll
+
+#: Attention implementations that take the explicit (R, 1, T, T) masks of packed batches.
+MASKED_ATTENTION = ("sdpa", "eager")
+
+
+@Model.register("tango_fairscale::causal_lm")
+class ModelWrapper(Model):
+    """A Hugging Face causal LM with its tokenizer, scoring choices the way lm-eval does.
+
+    Registered as a Tango ``Model`` under the name ``"tango_fairscale::causal_lm"``.
+
+    :param model: a Hugging Face hub id or a local directory holding ``config.json`` and weights.
+    :param config: build the model with random weights from this config instead of loading weights
+        (merged over ``model``'s config when both are given; needs ``model_type`` otherwise).
+    :param tokenizer: hub id or local directory of the tokenizer; defaults to ``model``.
+    :param seed: seeds the random initialisation when ``config`` is given.
+
+    ``forward(input_ids, attention_mask, labels)`` takes a right-padded batch from
+    :func:`tango_fairscale.data.batches.collate` (``labels`` may stay on the CPU: the scored
+    positions are then picked there, without waiting for the device) and returns
+
+    * ``loglikelihood`` ``(B,)``: the summed log-probability of each row's labelled tokens;
+    * ``num_tokens`` ``(B,)``: how many tokens each row scores;
+    * ``loss``: the mean over rows of the per-token cross-entropy of each row — the same for any
+      split of a batch into equal parts, so data-parallel ranks average to the global loss.
+
+    With ``position_ids`` and ``query_ids`` it takes a packed batch from
+    :func:`tango_fairscale.data.batches.packed_batch` instead (where :attr:`supports_packing`) and
+    returns the same per query (``B`` = queries) as their right-padded rows would.
+
+    Example (Jsonnet)::
+
+        model: {type: "tango_fairscale::causal_lm", model: "gpt2"}
+        model: {type: "tango_fairscale::causal_lm", tokenizer: "/data/gpt2-tokenizer",
+                config: {model_type: "gpt2", n_layer: 2, n_embd: 64, n_head: 2}, seed: 1}
+    """
+
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        config: dict[str, Any] | None = None,
+        tokenizer: str | None = None,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        for name, value in (("model", model), ("tokenizer", tokenizer)):
+            if value is not None and not isinstance(value, str):
+                raise ConfigurationError(
+                    f"'{name}' must be a hub id or directory (a string), got {value!r}"
+                )
+        if config is not None and not isinstance(config, dict):
+            raise ConfigurationError(
+                f"'config' must be an object of Hugging Face config fields, got {config!r}"
+            )
+        if model is None and config is None:
+            raise ConfigurationError("give the model a hub id or directory ('model') or a 'config'")
+        tokenizer_source = tokenizer or model
+        if tokenizer_source is None:
+            raise ConfigurationError(
+                "a model built from 'config' needs 'tokenizer' (hub id or dir)"
+            )
+        self.model: PreTrainedModel = build_model(model, config, seed)
+        fuse_tanh_gelu(self.model)
+        #: Logged training metrics by step (set by the training step and the stored format).
+        self.training_log: list[dict[str, Any]] = []
+        self.tokenizer = load_tokenizer(tokenizer_source)
+        set_padding_token(self.tokenizer, self.model.config)
+
+    @property
+    def max_length(self) -> int:
+        """The longest input the model accepts (its position embeddings)."""
+        config = self.model.config
+        for name in ("max_position_embeddings", "n_positions", "n_ctx"):
+            value = getattr(config, name, None)
+            if isinstance(value, int) and value > 0:
+                return value
+        return self.tokenizer.model_max_length
+
+    @property
+    def pad_token_id(self) -> int:
+        return int(self.tokenizer.pad_token_id)
+
+    @property
+    def supports_packing(self) -> bool:
+        """Whether the model's attention takes the explicit masks of packed batches."""
+        return self.model.config._attn_implementation in MASKED_ATTENTION
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        labels: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        query_ids: torch.Tensor | None = None,
+    ) -> dict[str, torch.Tensor]:
+        # No key/value cache: it costs memory, and activation checkpointing would replay a
+        # forward into the same cache object and double its length.
+        del attention_mask
+        head = self.model.get_output_embeddings()
+        if position_ids is None:
+            # Right-padded rows: position t is predicted from positions < t, so the last token is
+            # never an input, and the causal mask alone keeps every real token from seeing
+            # padding (which only follows it): ``attention_mask`` is not passed on, and attention
+            # takes SDPA's fused causal kernel instead of a materialised (B, 1, T, T) mask.
+            with unpacked_sequences():  # no host read of a GPU tensor per forward
+                hidden = self.model.base_model(
+                    input_ids=input_ids[:, :-1], use_cache=False
+                ).last_hidden_state
+            return loss_outputs(*scored_row_nll(head, hidden, labels[:, 1:]))
+        if query_ids is None:
+            raise ValueError("a packed batch (with position_ids) needs query_ids")
+        # Packed rows are already shifted: input t predicts labels[:, t].
+        mask = packed_attention_mask(
+            position_ids, query_ids.to(input_ids.device, non_blocking=True)
+        )
+        if self.model.config._attn_implementation == "eager":  # an additive mask there
+            mask = torch.zeros(mask.shape, device=mask.device).masked_fill_(
+                ~mask, torch.finfo(torch.float32).min
+            )
+        hidden = self.model.base_model(
+            input_ids=input_ids, position_ids=position_ids, attention_mask=mask, use_cache=False
+        ).last_hidden_state
+        # query_ids stays on the CPU (move_batch): its largest value costs no device wait.
+        num_queries = int(query_ids.max()) + 1
+        return loss_outputs(*scored_row_nll(head, hidden, labels, query_ids, num_queries))
+
+    def save(self, directory: Path) -> None:
+        """Write weights (safetensors), config and tokenizer in Hugging Face's layout."""
+        self.model.save_pretrained(directory)
+        self.tokenizer.save_pretrained(directory)
+
+
+#: Batch entries :func:`move_batch` leaves on the CPU.
+HOST_INPUTS = ("labels", "query_ids")
+
+
+def move_batch(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """``batch`` on ``device``, except ``HOST_INPUTS``: left on the CPU, where
+    :class:`ModelWrapper` picks the scored positions without waiting for the device (wrappers
+    that move every input, such as multi-process DDP, still work, at one wait per forward)."""
+    return {
+        name: tensor if name in HOST_INPUTS else tensor.to(device, non_blocking=True)
+        for name, tensor in batch.items()
+    }
+
+
+def packed_attention_mask(position_ids: torch.Tensor, query_ids: torch.Tensor) -> torch.Tensor:
+    """``(R, 1, T, T)``, true where a token of a packed row may attend another (see
+    :func:`~tango_fairscale.data.batches.packed_batch`): an earlier or the same token of its
+    segment (a segment starts where the position is 0), shared (query -1) or of its own query."""
+    segment = (position_ids == 0).cumsum(dim=1)
+    same_segment = segment[:, :, None] == segment[:, None, :]
+    visible = (query_ids[:, None, :] == -1) | (query_ids[:, :, None] == query_ids[:, None, :])
+    width = position_ids.shape[1]
+    causal = torch.ones(width, width, dtype=torch.bool, device=position_ids.device).tril()
+    return (same_segment & visible & causal)[:, None]

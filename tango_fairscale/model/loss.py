@@ -1,0 +1,243 @@
+"""The scored-position loss: the vocabulary projection and cross-entropy only where a token is
+scored, in chunks, with the gradients computed in the forward (no logits stored)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..data.batches import IGNORE_INDEX
+
+#: Rows of logits computed at once (a 4096 × 50257 fp32 chunk is 0.8 GB).
+LOGIT_CHUNK_ROWS = 4096
+
+
+def scored_row_nll(
+    head: torch.nn.Module,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    groups: torch.Tensor | None = None,
+    num_groups: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each row's mean and summed cross-entropy over its scored targets, and how many it has.
+
+    ``hidden`` ``(B, T, H)`` predicts ``targets`` ``(B, T)`` (``-100``: not scored). Returns
+    ``(row_mean_nll, row_nll, num_tokens)``, each ``(B,)``; a row without scored targets has mean
+    0. Only ``row_mean_nll`` carries gradients, and only for a loss that weighs every row alike
+    (a multiple of ``row_mean_nll.sum()``, such as :func:`loss_outputs`' mean). With ``groups``
+    ``(B, T)`` (packed rows), the "rows" are instead the ``num_groups`` values it holds at the
+    scored positions.
+
+    The vocabulary projection runs only where a token is scored, ``LOGIT_CHUNK_ROWS`` rows of
+    logits at a time, and (see :class:`_ScoredCrossEntropy`) its gradients are computed with the
+    forward, so that neither all logits (fp32 logits of 16 × 1024 GPT-2 tokens: 3.3 GB) nor a
+    second projection in the backward pass are needed.
+    """
+    # Labels left on the CPU (as the scoring step leaves them) make picking the scored positions
+    # free; on the device it waits for the device once (the count of positions sets the shapes).
+    device = hidden.device
+    scored = targets != IGNORE_INDEX
+    positions = scored.flatten().nonzero()[:, 0]
+    if groups is None:
+        num_tokens = scored.sum(dim=1)
+        rows = positions // targets.shape[1]
+    else:
+        assert num_groups is not None
+        rows = groups.flatten()[positions.to(groups.device)].to(positions.device)
+        num_tokens = torch.bincount(rows, minlength=num_groups)
+    token_weights = (1.0 / num_tokens.clamp(min=1).float())[rows]
+    weight, bias = _aligned_projection(head)
+    row_mean_nll, row_nll = _ScoredCrossEntropy.apply(
+        hidden.flatten(0, 1).index_select(0, positions.to(device, non_blocking=True)),
+        weight,
+        bias,
+        targets.flatten()[positions].to(device, non_blocking=True),
+        token_weights.to(device, non_blocking=True),
+        rows.to(device, non_blocking=True),
+        len(num_tokens),
+    )
+    return row_mean_nll, row_nll, num_tokens.to(device, non_blocking=True)
+
+
+def loss_outputs(
+    row_mean_nll: torch.Tensor, row_nll: torch.Tensor, num_tokens: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """``forward``'s outputs from :func:`scored_row_nll`'s."""
+    return {"loss": row_mean_nll.mean(), "loglikelihood": -row_nll, "num_tokens": num_tokens}
+
+
+class _ScoredCrossEntropy(torch.autograd.Function):
+    """Token cross-entropies of ``hidden @ weight.T + bias`` against ``targets``, chunk by chunk,
+    summed per row: weighted by ``token_weights`` (differentiable) and plain (not).
+
+    When gradients are needed, the forward computes them from each chunk's softmax at once
+    (``d nll / d logits = softmax - onehot``) and keeps only the ``(N, H)`` and ``(V, H)``
+    results; the backward scales them by the incoming gradient. That is exact when every row
+    receives the same gradient, which the backward checks. Gradient matrix products run in the
+    compute dtype (the autocast dtype, else the inputs'), in fp32 instead of fp16: the
+    unscaled gradients would underflow there.
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        targets: torch.Tensor,
+        token_weights: torch.Tensor,
+        rows: torch.Tensor,
+        num_rows: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
+        device_type = hidden.device.type
+        dtype = (
+            torch.get_autocast_dtype(device_type)
+            if torch.is_autocast_enabled(device_type)
+            else hidden.dtype
+        )
+        grad_dtype = torch.float32 if dtype == torch.float16 else dtype
+        n, width = hidden.shape
+        vocab = weight.shape[0]
+        token_nll = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        grad_hidden = hidden.new_empty(n, width, dtype=torch.float32) if need_hidden else None
+        grad_weight = weight.new_zeros(vocab, width, dtype=torch.float32) if need_weight else None
+        grad_bias = weight.new_zeros(vocab, dtype=torch.float32) if need_bias else None
+        # Compiled on GPUs when training (memory-bound passes over the logits fused into a few
+        # kernels: eager, they cost ~10 % of a 124M step on an H200); scoring stays eager, where
+        # a compilation per process would cost more than it saves.
+        need_grads = need_hidden or need_weight or need_bias
+        chunk_cross_entropy = (
+            _compiled_chunk_cross_entropy()
+            if need_grads and device_type == "cuda"
+            else _chunk_cross_entropy
+        )
+        # Scoring on a GPU in low precision: the GEMM writes fp32 logits itself.
+        float_logits = not need_grads and device_type == "cuda" and dtype != torch.float32
+        with torch.autocast(device_type, enabled=False):
+            compute_weight = weight.to(dtype)
+            compute_bias = None if bias is None else bias.to(dtype)
+            # The compute-dtype copy serves the gradient products too, unless those run in fp32.
+            projection = compute_weight if grad_dtype == dtype else weight.to(grad_dtype)
+            for start in range(0, n, LOGIT_CHUNK_ROWS):
+                end = min(start + LOGIT_CHUNK_ROWS, n)
+                chunk = hidden[start:end].to(dtype)
+                token_nll[start:end], grad_logits, chunk_grad_bias = chunk_cross_entropy(
+                    _project(chunk, compute_weight, compute_bias, float_logits),
+                    targets[start:end],
+                    token_weights[start:end] if need_grads else None,
+                    grad_dtype,
+                    need_bias,
+                )
+                if grad_logits is None:  # scoring only
+                    continue
+                if grad_bias is not None and chunk_grad_bias is not None:
+                    grad_bias += chunk_grad_bias
+                if grad_hidden is not None:
+                    grad_hidden[start:end] = grad_logits @ projection
+                if grad_weight is not None:
+                    grad_weight += grad_logits.T @ chunk.to(grad_dtype)
+        ctx.grads = (grad_hidden, grad_weight, grad_bias)
+        ctx.rows = rows
+        ctx.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
+        zeros = token_nll.new_zeros(num_rows)
+        row_nll = zeros.index_add(0, rows, token_nll)
+        ctx.mark_non_differentiable(row_nll)
+        return zeros.index_add(0, rows, token_nll * token_weights), row_nll
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx: Any, grad_row_mean: torch.Tensor, _grad_row_nll: torch.Tensor
+    ) -> tuple[torch.Tensor | None, ...]:
+        grad_hidden, grad_weight, grad_bias = ctx.grads
+        hidden_dtype, weight_dtype, bias_dtype = ctx.dtypes
+        grad_row_mean = grad_row_mean.float()
+        # Weight gradients were summed over rows in the forward: only a common factor applies.
+        torch._assert_async(
+            (grad_row_mean == grad_row_mean[0]).all(),
+            "_ScoredCrossEntropy: rows must receive equal gradients (a loss over their mean)",
+        )
+        common = grad_row_mean[0]
+        return (
+            None
+            if grad_hidden is None
+            else (grad_hidden * grad_row_mean[ctx.rows, None]).to(hidden_dtype),
+            None if grad_weight is None else (grad_weight * common).to(weight_dtype),
+            None if grad_bias is None else (grad_bias * common).to(bias_dtype),
+            None,
+            None,
+            None,
+            None,
+        )
+
+
+def _project(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, float_output: bool
+) -> torch.Tensor:
+    """``hidden @ weight.T + bias``; with ``float_output`` (CUDA) written in fp32 by the GEMM
+    itself, which saves a pass over the logits converting them."""
+    if not float_output:
+        return F.linear(hidden, weight, bias)
+    if bias is None:
+        return torch.mm(hidden, weight.T, out_dtype=torch.float32)
+    return torch.addmm(bias.float(), hidden, weight.T, out_dtype=torch.float32)
+
+
+def _chunk_cross_entropy(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    token_weights: torch.Tensor | None,
+    grad_dtype: torch.dtype,
+    need_bias: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Cross-entropy of each row of ``logits`` ``(N, V)`` against ``targets`` ``(N,)``, in fp32.
+
+    With ``token_weights`` ``(N,)`` also ``d sum(token_weights * nll) / d logits`` (``grad_dtype``)
+    and, if ``need_bias``, its fp32 sum over rows; else those are ``None``.
+    """
+    logits = logits.float()
+    if token_weights is None:
+        # One fused log-softmax pass (logsumexp alone makes four passes over the logits).
+        return F.cross_entropy(logits, targets, reduction="none"), None, None
+    targets = targets[:, None]
+    log_normalizer = torch.logsumexp(logits, dim=-1, keepdim=True)
+    nll = (log_normalizer - logits.gather(1, targets))[:, 0]
+    # d (weight_t * nll_t) / d logits_t = weight_t * (softmax_t - onehot_t), computed in place.
+    grad_logits = logits.sub_(log_normalizer).exp_()
+    grad_logits.scatter_add_(1, targets, grad_logits.new_full(targets.shape, -1.0))
+    grad_logits.mul_(token_weights[:, None])
+    grad_bias = grad_logits.sum(dim=0) if need_bias else None
+    return nll, grad_logits.to(grad_dtype), grad_bias
+
+
+@functools.cache
+def _compiled_chunk_cross_entropy() -> Any:
+    """:func:`_chunk_cross_entropy` under ``torch.compile`` (``TORCH_COMPILE_DISABLE=1``: eager)."""
+    return torch.compile(_chunk_cross_entropy)
+
+
+#: The vocabulary projection's output width is padded to a multiple of this: GPT-2's 50,257 rows
+#: leave cuBLAS only slow unaligned GEMM kernels (measured: 3x slower on an H200).
+VOCAB_ALIGNMENT = 64
+
+
+def _aligned_projection(head: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The linear ``head``'s weight and bias, the output padded to ``VOCAB_ALIGNMENT`` columns.
+
+    The extra rows of the weight are zeros and their bias is ``-inf``, so they add nothing to any
+    softmax: the cross-entropy over the padded logits equals the one over the real ones.
+    """
+    weight = head.weight
+    bias = getattr(head, "bias", None)
+    assert isinstance(weight, torch.Tensor)
+    vocab = weight.shape[0]
+    extra = -vocab % VOCAB_ALIGNMENT
+    if extra == 0:
+        return weight, bias
+    weight = F.pad(weight, (0, 0, 0, extra))
+    masked = torch.zeros(vocab + extra, dtype=weight.dtype, device=weight.device)
+    masked[vocab:] = float("-inf")
+    return weight, masked if bias is None else F.pad(bias, (0, extra)) + masked

@@ -1,0 +1,279 @@
+"""What every engine shares: precision, micro-batches with ``no_sync``, clipping, the grad scaler,
+checkpoint files.
+
+An engine is a Tango ``TrainingEngine``: it wraps the model (DDP, FSDP, ...) and runs forward,
+backward and the optimizer step. :class:`Engine` implements everything but the wrapping;
+subclasses override :meth:`Engine._wrap_model` and, when sharded, the state-dict hooks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+from tango.common import Lazy
+from tango.common.exceptions import ConfigurationError
+from tango.integrations.torch import LRScheduler, Model, Optimizer, TrainConfig, TrainingEngine
+
+from .. import compat  # noqa: F401  (Tango fixes)
+from ..checks import positive_number
+from ..model.causal_lm import ModelWrapper, move_batch
+from ..runtime.process_group import join_process_group
+from .precision import resolve_precision
+from .sharding import ShardingConfig
+
+logger = logging.getLogger(__name__)
+
+
+class Engine(TrainingEngine):
+    """Base of the package's engines (not registered itself).
+
+    :param precision: ``auto``, ``32-true``, ``bf16-mixed``, ``16-mixed`` or ``bf16-true``.
+    :param max_grad_norm: clip the global gradient norm to this value (``None``: no clipping).
+    """
+
+    #: Whether every rank holds different model/optimizer state (and so writes its own file).
+    sharded = False
+    #: Whether a checkpoint written by N processes loads on another number of processes.
+    reshards_checkpoints = True
+
+    def __init__(
+        self,
+        train_config: TrainConfig,
+        model: Model | Lazy[Model],
+        optimizer: Lazy[Optimizer],
+        *,
+        lr_scheduler: Lazy[LRScheduler] | None = None,
+        precision: str = "auto",
+        max_grad_norm: float | None = None,
+    ) -> None:
+        positive_number("max_grad_norm", max_grad_norm, optional=True)
+        self.device = train_config.worker_local_default_device
+        self.precision = resolve_precision(precision, self.device)
+        self.max_grad_norm = max_grad_norm
+        self._check_options()
+        if self.sharded:  # FSDP needs a process group even alone (our worker has joined one)
+            join_process_group(train_config)
+        self._no_sync = contextlib.ExitStack()
+        super().__init__(train_config, model, optimizer, lr_scheduler=lr_scheduler)
+        self.grad_scaler = self._make_grad_scaler() if self.precision.needs_grad_scaler else None
+        self.skipped_steps = 0  # optimizer steps the fp16 grad scaler skipped
+
+    # --- construction -------------------------------------------------------------------------
+
+    def _check_options(self) -> None:
+        """Refuse option combinations this engine cannot run (before any expensive work)."""
+
+    def _construct_model(self, model: Model | Lazy[Model]) -> Model:
+        if isinstance(model, Lazy):
+            model = model.construct()
+        if not isinstance(model, ModelWrapper):
+            raise ConfigurationError(
+                f"the engine needs a 'tango_fairscale::causal_lm' model, got {type(model).__name__}"
+            )
+        if self.precision.param_dtype != torch.float32:
+            model = model.to(self.precision.param_dtype)
+        return self._wrap_model(model)
+
+    def _wrap_model(self, model: ModelWrapper) -> Model:
+        """Move ``model`` to the device and wrap it for this engine."""
+        raise NotImplementedError
+
+    def _make_grad_scaler(self) -> Any:
+        return torch.amp.GradScaler(self.device.type)
+
+    @property
+    def wrapped_model(self) -> ModelWrapper:
+        """The :class:`ModelWrapper` inside the engine's wrappers (for its tokenizer and config)."""
+        return unwrap(self.model)
+
+    @property
+    def accepts_packed_batches(self) -> bool:
+        """Whether ``forward_train`` / ``forward_eval`` take packed batches
+        (:func:`~tango_fairscale.data.batches.packed_batch`): where the model's attention does."""
+        return self.wrapped_model.supports_packing
+
+    # --- the training step --------------------------------------------------------------------
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        return torch.autocast(
+            self.device.type, dtype=self.precision.compute_dtype, enabled=self.precision.mixed
+        )
+
+    def _no_sync_context(self) -> contextlib.AbstractContextManager:
+        """Skip gradient synchronisation (for micro-batches before the last)."""
+        no_sync = getattr(self.model, "no_sync", None)
+        return no_sync() if no_sync is not None else contextlib.nullcontext()
+
+    def forward_train(
+        self, micro_batch: dict[str, Any], micro_batch_idx: int, num_micro_batches: int
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        if micro_batch_idx == 0:
+            self.optimizer.zero_grad(set_to_none=True)
+        if micro_batch_idx < num_micro_batches - 1:
+            self._no_sync.enter_context(self._no_sync_context())
+        micro_batch = move_batch(micro_batch, self.device)
+        with self._autocast():
+            outputs = self.model(**micro_batch)
+        return outputs["loss"] / num_micro_batches, outputs
+
+    def forward_eval(self, batch: dict[str, Any]) -> dict[str, Any]:
+        batch = move_batch(batch, self.device)
+        with torch.no_grad(), self._autocast():
+            return self.model(**batch)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        if self.grad_scaler is not None:
+            loss = self.grad_scaler.scale(loss)
+        loss.backward()
+        self._no_sync.close()
+
+    def clip_grad_norm(self) -> torch.Tensor | None:
+        if self.max_grad_norm is None:
+            return None
+        return torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+
+    def step(self) -> None:
+        if self.grad_scaler is None:
+            self.clip_grad_norm()
+            self.optimizer.step()
+        else:
+            scale = self.grad_scaler.get_scale()
+            self.grad_scaler.unscale_(self.optimizer)
+            self.clip_grad_norm()
+            self.grad_scaler.step(self.optimizer)  # skipped when a gradient overflowed
+            self.grad_scaler.update()
+            if self.grad_scaler.get_scale() < scale:
+                self.skipped_steps += 1
+                logger.warning(
+                    "fp16 gradient overflow: optimizer step skipped, loss scale %g -> %g",
+                    scale,
+                    self.grad_scaler.get_scale(),
+                )
+        # Gradients are not needed again before the next step's first backward: free them now
+        # (less memory in validation; FairScale leaves sharded gradients on gathered parameters,
+        # which a compiled unit's next forward would refuse).
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()
+
+    # --- state --------------------------------------------------------------------------------
+
+    def model_state(self) -> dict[str, torch.Tensor]:
+        """This rank's model state for a checkpoint (the full state when not sharded)."""
+        return self.wrapped_model.state_dict()
+
+    def load_model_state(self, state: dict[str, torch.Tensor]) -> None:
+        self.wrapped_model.load_state_dict(state)
+
+    def optimizer_state(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def load_optimizer_state(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state)
+
+    def full_model_state(self) -> dict[str, torch.Tensor] | None:
+        """The complete model state on rank 0 (``None`` elsewhere). Call on every rank."""
+        if self.train_config.worker_id != 0:
+            return None
+        return {k: v.detach().cpu() for k, v in self.wrapped_model.state_dict().items()}
+
+    def _state_file(self, checkpoint_dir: Path, rank: int | None = None) -> Path:
+        rank = self.train_config.worker_id if rank is None else rank
+        return checkpoint_dir / f"rank{rank}.pt"
+
+    def save_checkpoint(self, checkpoint_dir: Path, client_state: dict[str, Any]) -> None:
+        """Write this rank's state into ``checkpoint_dir`` (the caller makes it final)."""
+        if not self.sharded and self.train_config.worker_id != 0:
+            return  # every rank holds the same state; rank 0's copy serves all
+        state = {
+            "model": self.model_state(),
+            "optimizer": self.optimizer_state(),
+            "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler else None,
+            "grad_scaler": self.grad_scaler.state_dict() if self.grad_scaler else None,
+            "client_state": client_state,
+        }
+        checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        path = self._state_file(checkpoint_dir)
+        torch.save(state, path.with_suffix(".tmp"))
+        os.replace(path.with_suffix(".tmp"), path)
+
+    def load_checkpoint(self, checkpoint_dir: Path) -> dict[str, Any]:
+        if not self.reshards_checkpoints:
+            written_by = len(list(checkpoint_dir.glob("rank*.pt")))
+            if written_by != self.train_config.world_size:
+                raise ConfigurationError(
+                    f"checkpoint {checkpoint_dir} holds the shards of {written_by} processes and "
+                    f"this engine cannot reshard them; resume with device_count={written_by}"
+                )
+        rank = self.train_config.worker_id if self.sharded else 0
+        state = torch.load(
+            self._state_file(checkpoint_dir, rank), map_location="cpu", weights_only=True
+        )
+        self.load_model_state(state["model"])
+        self.load_optimizer_state(state["optimizer"])
+        if self.lr_scheduler is not None and state["lr_scheduler"] is not None:
+            self.lr_scheduler.load_state_dict(state["lr_scheduler"])
+        if self.grad_scaler is not None and state["grad_scaler"] is not None:
+            self.grad_scaler.load_state_dict(state["grad_scaler"])
+        return cast(dict[str, Any], state["client_state"])
+
+    def save_complete_weights_from_checkpoint(
+        self, checkpoint_dir: Path, weights_path: Path
+    ) -> None:
+        """Tango's hook: the full weights of an unsharded checkpoint, saved as ``weights_path``."""
+        if self.sharded:
+            raise NotImplementedError("a sharded engine consolidates through full_model_state()")
+        state = torch.load(
+            self._state_file(checkpoint_dir, 0), map_location="cpu", weights_only=True
+        )
+        torch.save(state["model"], weights_path)
+
+
+DEFAULT_SHARDING = ShardingConfig()
+
+
+class ShardedEngine(Engine):
+    """Base of the sharded engines (``fairscale``, ``fsdp2``): adds their shared ``sharding`` field.
+
+    :param sharding: a :class:`~tango_fairscale.parallel.sharding.ShardingConfig`.
+    """
+
+    sharded = True
+
+    def __init__(
+        self,
+        train_config: TrainConfig,
+        model: Model | Lazy[Model],
+        optimizer: Lazy[Optimizer],
+        *,
+        lr_scheduler: Lazy[LRScheduler] | None = None,
+        precision: str = "auto",
+        max_grad_norm: float | None = None,
+        # Not ``ShardingConfig | None``: Tango would replace an error inside the block by
+        # "Failed to construct argument sharding" (it tries each member of a union).
+        sharding: ShardingConfig = DEFAULT_SHARDING,
+    ) -> None:
+        self.sharding = sharding or DEFAULT_SHARDING
+        super().__init__(
+            train_config,
+            model,
+            optimizer,
+            lr_scheduler=lr_scheduler,
+            precision=precision,
+            max_grad_norm=max_grad_norm,
+        )
+
+
+def unwrap(model: torch.nn.Module) -> ModelWrapper:
+    """Peel DDP / FSDP / flatten wrappers off ``model`` down to the :class:`ModelWrapper`."""
+    while not isinstance(model, ModelWrapper):
+        inner = getattr(model, "module", None)
+        if not isinstance(inner, torch.nn.Module):
+            raise TypeError(f"no ModelWrapper inside {type(model).__name__}")
+        model = inner
+    return model

@@ -1,0 +1,212 @@
+"""torch-native FSDP2 (``fully_shard``), with distributed checkpoints that reshard on load."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pickle
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+import torch.distributed.checkpoint as dcp
+from tango.common.exceptions import ConfigurationError
+from tango.integrations.torch import Model, TrainingEngine
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
+
+from ..model.causal_lm import ModelWrapper
+from .engine import ShardedEngine
+from .sharding import apply_sharding, selected_units
+
+logger = logging.getLogger(__name__)
+
+TRAINER_STATE = "trainer.pt"
+
+
+@TrainingEngine.register("tango_fairscale::fsdp2")
+class FSDP2Engine(ShardedEngine):
+    """torch FSDP2: ``fully_shard`` on each unit and the root; the FairScale engine's config.
+
+    Registered as a Tango ``TrainingEngine`` under the name ``"tango_fairscale::fsdp2"``.
+
+    :param precision: ``bf16-mixed`` / ``16-mixed`` gather parameters in the low precision and
+        reduce gradients in fp32 (``MixedPrecisionPolicy``); ``bf16-true`` keeps bf16 parameters.
+    :param max_grad_norm: clip the global gradient norm.
+    :param sharding: a :class:`~tango_fairscale.parallel.sharding.ShardingConfig`
+        (``flatten_parameters`` has no effect: FSDP2 shards every parameter on its own);
+        ``compile`` applies ``torch.compile`` to each unit, after activation checkpointing and
+        before sharding; ``hybrid_shard`` shards within each node and replicates across nodes
+        (a 2-D device mesh, replicas × processes per node).
+
+    Checkpoints are ``torch.distributed.checkpoint`` directories: a run saved on N processes
+    resumes on any number.
+
+    Example (Jsonnet)::
+
+        engine: {type: "tango_fairscale::fsdp2", precision: "bf16-mixed",
+                 sharding: {activation_checkpointing: true, compile: true},
+                 optimizer: {type: "torch::AdamW", lr: 1e-5}}
+    """
+
+    def _wrap_model(self, model: ModelWrapper) -> Model:
+        config = self.sharding
+        units, checkpointed = selected_units(model, config)
+        offload = config.cpu_offload
+        options: dict[str, Any] = {
+            "reshard_after_forward": config.reshard_after_forward,
+            "mp_policy": self._mixed_precision_policy(),
+        }
+        if config.hybrid_shard:
+            options["mesh"] = self._hybrid_mesh()
+        if offload:
+            options["offload_policy"] = CPUOffloadPolicy(pin_memory=self.device.type == "cuda")
+        else:
+            model = model.to(self.device)
+        return apply_sharding(  # type: ignore[return-value]
+            model,
+            units,
+            checkpointed,
+            checkpoint=checkpoint_wrapper,
+            shard=lambda module: cast(torch.nn.Module, fully_shard(module, **options)),
+            compile=config.compile,
+        )
+
+    def _hybrid_mesh(self) -> DeviceMesh:
+        """``(nodes, processes per node)``: shard along the second dimension, replicate along
+        the first."""
+        world_size = self.train_config.world_size
+        # The launcher's processes per node; one node holds every process without a launcher.
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        if world_size % per_node:
+            raise ConfigurationError(
+                f"sharding.hybrid_shard needs the same number of processes on every node; "
+                f"{world_size} processes do not split into nodes of {per_node}"
+            )
+        shape = (world_size // per_node, per_node)
+        logger.info("hybrid sharding: %d replica(s) x %d shard(s)", *shape)
+        return init_device_mesh(self.device.type, shape, mesh_dim_names=("replicate", "shard"))
+
+    def _mixed_precision_policy(self) -> MixedPrecisionPolicy:
+        if not self.precision.mixed:
+            return MixedPrecisionPolicy()
+        return MixedPrecisionPolicy(
+            param_dtype=self.precision.compute_dtype, reduce_dtype=torch.float32
+        )
+
+    def _make_grad_scaler(self) -> Any:
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        return ShardedGradScaler()
+
+    @property
+    def fsdp(self) -> FSDPModule:
+        assert isinstance(self.model, FSDPModule)
+        return self.model
+
+    def _no_sync_context(self) -> contextlib.AbstractContextManager:
+        return _gradient_sync(self.fsdp, enabled=False)
+
+    def clip_grad_norm(self) -> torch.Tensor | None:
+        if self.max_grad_norm is None:
+            return None
+        # Gradients are DTensors: the norm is reduced over the shards by DTensor itself.
+        total = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+        return total.full_tensor() if hasattr(total, "full_tensor") else total
+
+    # --- state: torch.distributed.checkpoint, resharded on load -----------------------------------
+
+    def save_checkpoint(self, checkpoint_dir: Path, client_state: dict[str, Any]) -> None:
+        model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=checkpoint_dir)
+        if self.train_config.worker_id == 0:
+            trainer = {
+                "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler else None,
+                "grad_scaler": self.grad_scaler.state_dict() if self.grad_scaler else None,
+                "client_state": client_state,
+            }
+            torch.save(trainer, checkpoint_dir / TRAINER_STATE)
+
+    def load_checkpoint(self, checkpoint_dir: Path) -> dict[str, Any]:
+        check_checkpoint_metadata(checkpoint_dir / ".metadata")
+        model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
+        dcp.load({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=checkpoint_dir)
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=model_state,
+            optim_state_dict=optimizer_state,
+        )
+        trainer = torch.load(checkpoint_dir / TRAINER_STATE, map_location="cpu", weights_only=True)
+        if self.lr_scheduler is not None and trainer["lr_scheduler"] is not None:
+            self.lr_scheduler.load_state_dict(trainer["lr_scheduler"])
+        if self.grad_scaler is not None and trainer["grad_scaler"] is not None:
+            self.grad_scaler.load_state_dict(trainer["grad_scaler"])
+        return dict(trainer["client_state"])
+
+    def full_model_state(self) -> dict[str, torch.Tensor] | None:
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state = get_model_state_dict(self.model, options=options)  # all ranks take part
+        if self.train_config.worker_id != 0:
+            return None
+        return {key: value for key, value in state.items() if isinstance(value, torch.Tensor)}
+
+    def save_complete_weights_from_checkpoint(
+        self, checkpoint_dir: Path, weights_path: Path
+    ) -> None:
+        raise ConfigurationError(
+            "the fsdp2 engine consolidates through tango_fairscale::train, not torch::train"
+        )
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles only what a ``torch.distributed.checkpoint`` metadata file holds."""
+
+    ALLOWED = {
+        ("torch", "Size"),
+        ("torch.serialization", "_get_layout"),
+        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+        ("pathlib", "PosixPath"),
+        ("pathlib", "PurePosixPath"),
+        ("collections", "OrderedDict"),
+    }
+
+    def find_class(self, module: str, name: str) -> Any:
+        value = super().find_class(module, name) if self._allowed(module, name) else None
+        if value is None:
+            raise pickle.UnpicklingError(
+                f"{module}.{name} is not part of a distributed checkpoint's metadata"
+            )
+        return value
+
+    def _allowed(self, module: str, name: str) -> bool:
+        if (module, name) in self.ALLOWED or module == "torch.distributed.checkpoint.metadata":
+            return True
+        # dtypes, layouts and memory formats are pickled as attributes of torch
+        kinds = (torch.dtype, torch.layout, torch.memory_format)
+        return module == "torch" and isinstance(getattr(torch, name, None), kinds)
+
+
+def check_checkpoint_metadata(path: Path) -> None:
+    """Refuse a metadata file that would run code when ``torch.distributed.checkpoint`` loads it
+    (torch reads it with plain ``pickle``): unpickle it first with an allow-list."""
+    with path.open("rb") as file:
+        _MetadataUnpickler(file).load()
+
+
+@contextlib.contextmanager
+def _gradient_sync(model: FSDPModule, enabled: bool) -> Iterator[None]:
+    model.set_requires_gradient_sync(enabled)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)

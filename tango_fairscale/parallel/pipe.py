@@ -1,0 +1,267 @@
+"""Pipeline parallelism: GPT-2 cut into stages on several devices, driven by one process.
+
+FairScale's ``Pipe`` (GPipe schedule: every micro-batch forward, then every backward) runs the
+stages that :mod:`tango_fairscale.model.stages` builds. The engine's ``forward_train`` /
+``forward_eval`` take the same batches and return the same outputs as every other engine, so the
+training loop, in-loop validation and consolidation need not know which stage is the last.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from typing import Any
+
+import torch
+from fairscale.nn import Pipe
+from fairscale.nn.pipe.pipeline import Pipeline
+from tango.common import Lazy
+from tango.common.exceptions import ConfigurationError
+from tango.integrations.torch import LRScheduler, Model, Optimizer, TrainConfig, TrainingEngine
+from torch import nn
+
+from ..checks import positive_int
+from ..model.causal_lm import ModelWrapper
+from ..model.loss import loss_outputs
+from ..model.stages import (
+    StagePrecision,
+    TiedWeight,
+    auto_balance,
+    gpt2_layers,
+    num_blocks,
+)
+from .engine import Engine
+
+CHECKPOINT_MODES = ("never", "always", "except_last")
+
+
+class _Pipeline(Pipeline):
+    """FairScale's pipeline, minus a hang at interpreter exit.
+
+    ``Pipeline.__del__`` joins its worker threads by waiting for each to answer; a pipe still
+    alive when Python shuts down is deleted after its daemon threads have stopped, and the wait
+    never ends. At shutdown there is nothing to join.
+    """
+
+    def __del__(self) -> None:
+        if not sys.is_finalizing():
+            super().__del__()
+
+
+class PipelinedModel(nn.Module):
+    """The :class:`ModelWrapper` (as ``module``, so ``unwrap`` finds it) and its ``Pipe``.
+
+    ``forward`` has ``ModelWrapper.forward``'s signature and outputs, which it returns on
+    ``output_device`` whichever device the last stage is on.
+    """
+
+    def __init__(
+        self,
+        wrapper: ModelWrapper,
+        pipe: Pipe,
+        output_device: torch.device,
+        tied: TiedWeight | None,
+    ) -> None:
+        super().__init__()
+        self.module = wrapper  # registered first: parameters() keeps the wrapper's order
+        self.pipe = pipe
+        self.output_device = output_device
+        self.tied = tied
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        first = self.pipe.devices[0]
+        # As ModelWrapper.forward: position t is predicted from positions < t.
+        inputs = (
+            input_ids[:, :-1].to(first),
+            attention_mask[:, :-1].to(first),
+            labels[:, 1:].to(first),
+        )
+        outputs = self.pipe(inputs)
+        return loss_outputs(*(tensor.to(self.output_device) for tensor in outputs))
+
+
+@TrainingEngine.register("tango_fairscale::pipe")
+class PipeEngine(Engine):
+    """FairScale ``Pipe``: the model's blocks split over ``devices``, batches cut into ``chunks``.
+
+    Registered as a Tango ``TrainingEngine`` under the name ``"tango_fairscale::pipe"``.
+    One process drives every stage (run it with ``device_count: 1``).
+
+    :param balance: transformer blocks per stage, e.g. ``[6, 6]`` (the embeddings join the first
+        stage, the final norm, LM head and loss the last); ``null`` balances the parameter count
+        over ``len(devices)`` stages.
+    :param chunks: micro-batches each batch is cut into (at most the rows of a batch,
+        ``batch_size / grad_accum``).
+    :param checkpoint: activation checkpointing of the micro-batches: ``never``, ``always`` or
+        ``except_last`` (FairScale's default).
+    :param devices: one device per stage, e.g. ``["cuda:0", "cuda:1"]``; default: every visible
+        GPU, or two CPU stages without GPUs.
+    :param precision: as every engine (autocast is applied inside each stage).
+    :param max_grad_norm: clip the global gradient norm.
+
+    GPT-2's LM head is tied to its token embedding; the last stage holds a copy of that weight
+    whose gradient is added to the embedding's before each step and which is refreshed after it.
+
+    Example (Jsonnet)::
+
+        engine: {type: "tango_fairscale::pipe", balance: [6, 6], chunks: 4,
+                 checkpoint: "except_last", devices: ["cuda:0", "cuda:1"],
+                 precision: "bf16-mixed", optimizer: {type: "torch::AdamW", lr: 1e-5}}
+    """
+
+    def __init__(
+        self,
+        train_config: TrainConfig,
+        model: Model | Lazy[Model],
+        optimizer: Lazy[Optimizer],
+        *,
+        lr_scheduler: Lazy[LRScheduler] | None = None,
+        precision: str = "auto",
+        max_grad_norm: float | None = None,
+        balance: list[int] | None = None,
+        chunks: int = 4,
+        checkpoint: str = "except_last",
+        devices: list[str] | None = None,
+    ) -> None:
+        if train_config.world_size != 1:
+            raise ConfigurationError(
+                f"the pipe engine drives all its stages from one process; set device_count=1 "
+                f"(got {train_config.world_size}) and list the stages' devices in 'devices'"
+            )
+        positive_int("chunks", chunks)
+        if checkpoint not in CHECKPOINT_MODES:
+            raise ConfigurationError(
+                f"checkpoint must be one of {', '.join(CHECKPOINT_MODES)}, got {checkpoint!r}"
+            )
+        if balance is not None and (
+            not isinstance(balance, list)
+            or not balance
+            or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in balance)
+        ):
+            raise ConfigurationError(
+                f"balance must be a list of positive block counts per stage (or null), "
+                f"got {balance!r}"
+            )
+        self.devices = resolve_devices(devices)
+        if balance is not None and len(balance) > len(self.devices):
+            raise ConfigurationError(
+                f"balance {balance} has {len(balance)} stages but devices has only "
+                f"{len(self.devices)} ({', '.join(map(str, self.devices))}); add devices or use "
+                "fewer stages"
+            )
+        self.balance = balance
+        self.chunks = chunks
+        self.checkpoint = checkpoint
+        self.tied: TiedWeight | None = None
+        super().__init__(
+            train_config,
+            model,
+            optimizer,
+            lr_scheduler=lr_scheduler,
+            precision=precision,
+            max_grad_norm=max_grad_norm,
+        )
+
+    def _wrap_model(self, model: ModelWrapper) -> Model:
+        blocks = num_blocks(model)  # refuses models that are not GPT-2-like
+        if self.balance is None:
+            self.balance = auto_balance(model, len(self.devices))
+        elif sum(self.balance) != blocks:
+            raise ConfigurationError(
+                f"balance {self.balance} sums to {sum(self.balance)} but the model has {blocks} "
+                f"transformer blocks; make the entries sum to {blocks}"
+            )
+        devices = self.devices[: len(self.balance)]
+        precision = StagePrecision(self.precision.compute_dtype, self.precision.mixed)
+        layers = gpt2_layers(model, self.balance, devices[-1], precision)
+        # Pipe moves each stage's modules (the wrapper's own modules) to its device.
+        with warnings.catch_warnings():
+            # "upstreamed to torch.distributed.pipeline.sync": that module is gone from torch.
+            warnings.filterwarnings("ignore", "fairscale.nn.Pipe has been upstreamed")
+            pipe = Pipe(
+                layers.layers,
+                balance=layers.balance,
+                devices=devices,
+                chunks=self.chunks,
+                checkpoint=self.checkpoint,
+            )
+        pipe.pipeline.__class__ = _Pipeline
+        self.tied = layers.tied
+        if self.tied is not None:
+            self.tied.sync()
+        return PipelinedModel(model, pipe, self.device, self.tied)  # type: ignore[return-value]
+
+    @property
+    def stage_devices(self) -> list[torch.device]:
+        return list(self._pipelined.pipe.devices)
+
+    @property
+    def accepts_packed_batches(self) -> bool:
+        # Pipe cuts batches into micro-batches of rows, and its layers pass a padding mask on.
+        return False
+
+    @property
+    def _pipelined(self) -> PipelinedModel:
+        assert isinstance(self.model, PipelinedModel)
+        return self.model
+
+    def forward_train(
+        self, micro_batch: dict[str, Any], micro_batch_idx: int, num_micro_batches: int
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        rows = len(micro_batch["input_ids"])
+        if rows < self.chunks:
+            raise ConfigurationError(
+                f"chunks={self.chunks} exceeds the {rows} examples of each micro-batch "
+                f"(batch_size / (device_count × grad_accum)); set chunks to at most {rows}"
+            )
+        return super().forward_train(micro_batch, micro_batch_idx, num_micro_batches)
+
+    def step(self) -> None:
+        if self.tied is not None:
+            self.tied.merge_grads()  # before unscaling, clipping and the update
+        super().step()
+        if self.tied is not None:
+            self.tied.sync()
+
+    def load_model_state(self, state: dict[str, torch.Tensor]) -> None:
+        super().load_model_state(state)
+        if self.tied is not None:
+            self.tied.sync()
+
+
+def resolve_devices(devices: list[str] | None) -> list[torch.device]:
+    """The stages' devices: as given, else every visible GPU, else two CPU stages."""
+    if devices is None:
+        if torch.cuda.is_available():
+            return [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
+        return [torch.device("cpu"), torch.device("cpu")]
+    if not isinstance(devices, list) or not devices:
+        raise ConfigurationError(
+            f'devices must be a non-empty list such as ["cuda:0", "cuda:1"] or '
+            f'["cpu", "cpu"], got {devices!r}'
+        )
+    resolved = []
+    for name in devices:
+        try:
+            device = torch.device(name)
+        except (RuntimeError, TypeError):
+            raise ConfigurationError(
+                f'devices entry {name!r} is not a device; write e.g. "cuda:0" or "cpu"'
+            ) from None
+        if device.type == "cuda":
+            visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            index = 0 if device.index is None else device.index
+            if index >= visible:
+                raise ConfigurationError(
+                    f"devices entry {name!r} is not available ({visible} visible GPUs); "
+                    'list visible GPUs or use "cpu"'
+                )
+            device = torch.device("cuda", index)
+        elif device.type != "cpu":
+            raise ConfigurationError(
+                f'devices entry {name!r}: the pipe engine runs on "cuda:N" or "cpu" devices'
+            )
+        resolved.append(device)
+    return resolved

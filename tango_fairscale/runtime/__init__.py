@@ -1,0 +1,1 @@
+"""Processes: the process group, spawning and signals, torchrun / SLURM launchers."""

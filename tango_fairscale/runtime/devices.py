@@ -1,0 +1,42 @@
+"""Which device each training process of a job uses."""
+
+from __future__ import annotations
+
+import torch
+from tango.common.exceptions import ConfigurationError
+
+from . import launcher
+
+
+def job_devices(device_count: int) -> list[int]:
+    """Each process's GPU index, or ``-1`` (CPU) for every process when there is no GPU.
+
+    Under a launcher (``python -m tango_fairscale run``), the launcher's world size must be
+    ``device_count`` and the list holds this process's own device (each process reads only its
+    entry). Plain ``tango run`` started by a launcher is refused: its processes would not meet.
+    """
+    launch = launcher.current()
+    if launch is not None:
+        world_size = launch.environment.world_size
+        if device_count != world_size:
+            raise ConfigurationError(
+                f"device_count {device_count} disagrees with the launcher's {world_size} "
+                f"processes (WORLD_SIZE); set -D device_count={world_size}"
+            )
+        return [launch.environment.local_device()] * device_count
+    environment = launcher.LaunchEnvironment.from_environ()
+    if environment is not None and environment.world_size > 1:
+        raise ConfigurationError(
+            f"this process is one of {environment.world_size} started by a launcher "
+            "(WORLD_SIZE is set): start them with 'python -m tango_fairscale run ...' instead "
+            "of 'tango run ...'"
+        )
+    if torch.cuda.is_available():
+        visible = torch.cuda.device_count()
+        if device_count > visible:
+            raise ConfigurationError(
+                f"device_count {device_count} exceeds the {visible} visible GPUs; lower "
+                "device_count or set CUDA_VISIBLE_DEVICES"
+            )
+        return list(range(device_count))
+    return [-1] * device_count

@@ -1,0 +1,68 @@
+"""The job's process group: gloo on CPU, NCCL on GPUs, joined once per process."""
+
+from __future__ import annotations
+
+import socket
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from tango.integrations.torch import TrainConfig
+
+
+def join_process_group(
+    train_config: TrainConfig,
+    timeout: timedelta | None = None,
+    store: dist.Store | None = None,
+) -> None:
+    """Join the process group of ``train_config``'s job (a one-process group when it has one
+    process: FSDP needs a group even alone); no-op when this process has joined one already.
+
+    ``timeout`` bounds every collective (a rank that hangs makes the others fail instead of
+    waiting forever); ``store`` is where the processes meet (a launcher's) instead of the
+    config's address and port.
+    """
+    if dist.is_initialized():
+        return
+    device = train_config.worker_local_default_device
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    rank, world_size = train_config.worker_id, train_config.world_size
+    if store is not None:
+        dist.init_process_group(
+            backend, store=store, world_size=world_size, rank=rank, timeout=timeout
+        )
+        return
+    port = train_config.distributed_port if train_config.is_distributed else free_port()
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://{train_config.distributed_address}:{port}",
+        world_size=world_size,
+        rank=rank,
+        timeout=timeout,
+    )
+
+
+def leave_process_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def rank_and_world_size() -> tuple[int, int]:
+    """``(rank, world size)`` of this process's group, ``(0, 1)`` without one."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1

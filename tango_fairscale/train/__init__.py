@@ -1,0 +1,1 @@
+"""The training step, its loop, checkpoints, guards and log."""

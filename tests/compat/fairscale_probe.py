@@ -1,0 +1,101 @@
+"""Probe FairScale FSDP on CPU with chosen compat fixes applied (run by tests/compat/test_fixes.py).
+
+    python tests/compat/fairscale_probe.py WORLD_SIZE CASE [FIX ...]
+
+Exits 0 when the case runs, 1 with the error's type and message on stderr when it fails.
+"""
+
+import importlib.util
+import os
+import socket
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def load_compat():
+    """tango_fairscale/compat/fairscale.py alone (it imports nothing of the package)."""
+    path = Path(__file__).resolve().parents[2] / "tango_fairscale" / "compat" / "fairscale.py"
+    spec = importlib.util.spec_from_file_location("compat", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+PATCHES = {"use_null_streams", "skip_pinned_memory", "use_list_collectives_for_gloo"}
+
+
+def build(case: str, fixes: list[str]) -> torch.nn.Module:
+    from fairscale.nn.data_parallel import FullyShardedDataParallel as FSDP
+
+    torch.manual_seed(0)
+    inner = torch.nn.Sequential(torch.nn.Embedding(16, 8), torch.nn.Linear(8, 2))
+    options = {"compute_device": torch.device("cpu")}
+    if case == "offload":
+        options.update(move_params_to_cpu=True, move_grads_to_cpu=True)
+    if case == "mixed":
+        options.update(
+            mixed_precision=True,
+            compute_dtype=torch.bfloat16,
+            fp32_reduce_scatter="fp32_reduce_scatter" in fixes,
+        )
+    inner[0] = FSDP(inner[0], **options)
+    return FSDP(inner, **options)
+
+
+def run_case(case: str, fixes: list[str]) -> None:
+    compat = load_compat()
+    model = build(case, fixes)
+    if case == "load_shards":
+        state = model.local_state_dict()
+        fresh = build(case, fixes)  # a nested model that never ran a forward
+        if "load_local_state_dict" in fixes:
+            compat.load_local_state_dict(fresh, state)
+        else:
+            fresh.load_local_state_dict(state)
+        return
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    loss = model(torch.arange(4).view(2, 2)).float().square().mean()
+    loss.backward()
+    dtypes = sorted({str(p.grad.dtype) for p in model.parameters() if p.grad is not None})
+    print("gradient dtypes:", *dtypes)
+    if case == "clip":
+        if "clip_grad_norm_" in fixes:
+            compat.clip_grad_norm_(model, 1e-3)
+        else:
+            model.clip_grad_norm_(1e-3)
+    optimizer.step()
+
+
+def worker(rank: int, world_size: int, port: int, case: str, fixes: list[str]) -> None:
+    compat = load_compat()
+    for fix in fixes:
+        if fix in PATCHES:
+            getattr(compat, fix)()
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
+    )
+    try:
+        run_case(case, fixes)
+    except Exception as error:
+        if rank == 0:
+            traceback.print_exc()
+            print(f"{type(error).__name__}: {error}", file=sys.stderr)
+        os._exit(1)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    world_size, case, fixes = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
+    try:
+        mp.spawn(worker, args=(world_size, port, case, fixes), nprocs=world_size)
+    except Exception:
+        sys.exit(1)

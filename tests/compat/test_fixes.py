@@ -1,0 +1,63 @@
+"""Each compatibility fix is needed (the case fails without it) and sufficient (it runs with it).
+
+The FairScale cases run ``tests/compat/fairscale_probe.py`` in fresh processes, since the fixes
+patch modules process-wide.
+"""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+PROBE = Path(__file__).with_name("fairscale_probe.py")
+STREAMS = "use_null_streams"
+GLOO = "use_list_collectives_for_gloo"
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the fixes are for CPU processes")
+
+
+def probe(world_size: int, case: str, *fixes: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(PROBE), str(world_size), case, *fixes],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
+@pytest.mark.parametrize(
+    "world_size, case, needed, also, error",
+    [
+        (1, "basic", STREAMS, [], "KeyError: 'all_gather'"),
+        (1, "offload", "skip_pinned_memory", [STREAMS], "accelerator"),
+        (2, "basic", GLOO, [STREAMS], "Check failed"),
+        (1, "mixed", "fp32_reduce_scatter", [STREAMS], "expected dtype float"),
+        (1, "clip", "clip_grad_norm_", [STREAMS], "CUDA"),
+        (2, "load_shards", "load_local_state_dict", [STREAMS, GLOO], "_full_param_padded"),
+    ],
+)
+def test_fix_is_needed_and_sufficient(world_size, case, needed, also, error) -> None:
+    without = probe(world_size, case, *also)
+    assert without.returncode != 0 and error in without.stderr, without.stderr[-2000:]
+    with_fix = probe(world_size, case, *also, needed)
+    assert with_fix.returncode == 0, with_fix.stderr[-2000:]
+
+
+def test_mixed_precision_gradients_are_fp32_at_world_size_1() -> None:
+    result = probe(1, "mixed", STREAMS, "fp32_reduce_scatter")
+    assert "gradient dtypes: torch.float32\n" in result.stdout
+
+
+def test_tango_runs_in_a_repository_without_origin(tmp_path, monkeypatch) -> None:
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    monkeypatch.chdir(tmp_path)
+    from tango.step_info import EnvironmentMetadata, GitMetadata
+
+    with pytest.raises(ValueError):  # Tango's own lookup: no commit, no origin
+        GitMetadata.check_for_repo()
+
+    import tango_fairscale.compat  # noqa: F401  (applies the fix)
+
+    assert EnvironmentMetadata().git is None

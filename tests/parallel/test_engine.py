@@ -1,0 +1,70 @@
+"""The engines' shared step on a GPU: an fp16 overflow under ``16-mixed`` is skipped and logged.
+
+``16-mixed`` needs CUDA (it is refused on CPU, tested in ``test_hostile_input.py``), so these
+tests run only where a GPU is visible (``scripts/gpu_tests.sh`` runs them on the lent H200s).
+For each engine at world size 1: a backward pass through an infinite loss makes the grad scaler
+skip the optimizer step (weights unchanged, loss scale halved, ``skipped_steps`` 1, a warning in
+the log); the next finite step updates the weights.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from conftest import engine_config
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="16-mixed needs a GPU")
+
+
+def build_engine(engine: str, model_dir: Path, work_dir: Path):
+    from tango.common import Lazy, Params
+    from tango.integrations.torch import Model, TrainConfig, TrainingEngine
+
+    config = TrainConfig("fp16", work_dir, devices=[0], world_size=1, is_distributed=False)
+    model = Lazy(Model, Params({"type": "tango_fairscale::causal_lm", "model": str(model_dir)}))
+    params = Params(engine_config(f"tango_fairscale::{engine}", precision="16-mixed"))
+    return Lazy(TrainingEngine, params).construct(train_config=config, model=model)
+
+
+def one_step(engine, batch: dict, loss_factor: float) -> None:
+    loss, _ = engine.forward_train(batch, 0, 1)
+    engine.backward(loss * loss_factor)
+    engine.step()
+
+
+@pytest.mark.parametrize("name", ["ddp", "fairscale", "fsdp2"])
+def test_fp16_overflow_skips_the_step_and_logs_it(
+    name: str, tiny_model_dir: Path, piqa_small, tmp_path: Path, caplog
+) -> None:
+    from conftest import training_queries
+
+    from tango_fairscale.data.batches import training_batch
+
+    engine = build_engine(name, tiny_model_dir, tmp_path)
+    try:
+        model = engine.wrapped_model
+        queries = training_queries(list(piqa_small["train"])[:4], model.tokenizer, model.max_length)
+        batch = training_batch(queries, model.pad_token_id, model.max_length)
+        before = engine.full_model_state()
+        scale = engine.grad_scaler.get_scale()
+
+        with caplog.at_level(logging.WARNING):
+            one_step(engine, batch, float("inf"))
+        assert engine.skipped_steps == 1
+        assert engine.grad_scaler.get_scale() == scale / 2
+        assert "fp16 gradient overflow: optimizer step skipped" in caplog.text
+        unchanged = engine.full_model_state()
+        for key, value in before.items():
+            torch.testing.assert_close(unchanged[key], value, rtol=0, atol=0, msg=key)
+
+        one_step(engine, batch, 1.0)
+        assert engine.skipped_steps == 1
+        after = engine.full_model_state()
+        assert any(not torch.equal(after[key], value) for key, value in before.items())
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,167 @@
+"""The pipe engine (GPT-2 in 2 CPU stages, 4 micro-batches) reproduces DDP; bad configs fail."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import assert_same_training, train_in, train_tiny, training_queries
+from tango.common import Lazy, Params
+from tango.common.exceptions import ConfigurationError
+from tango.integrations.torch import Model, TrainConfig, TrainingEngine
+
+from tango_fairscale.data.batches import collate
+from tango_fairscale.model.causal_lm import ModelWrapper
+from tango_fairscale.model.stages import partition
+from tango_fairscale.parallel.pipe import PipeEngine
+from tango_fairscale.train.log import read_training_log
+
+PIPE = "tango_fairscale::pipe"
+
+
+@pytest.mark.parametrize("checkpoint", ["never", "always", "except_last"])
+def test_pipe_matches_ddp(checkpoint, ddp_reference, tmp_path, tiny_model_dir, piqa_small) -> None:
+    """Training and in-loop validation through the pipe equal 2-process DDP: per-step losses,
+    final weights (consolidated under the HF key names, loaded strictly) and PIQA accuracies."""
+    trained = train_tiny(
+        tmp_path,
+        tiny_model_dir,
+        piqa_small,
+        PIPE,
+        1,
+        balance=[1, 1],
+        chunks=4,
+        checkpoint=checkpoint,
+        devices=["cpu", "cpu"],
+    )
+    assert_same_training(ddp_reference, trained.training_log, trained.state_dict())
+    # The embedding and the LM head are still one parameter after consolidation.
+    assert trained.model.lm_head.weight is trained.model.transformer.wte.weight
+    untrained = ModelWrapper(str(tiny_model_dir))
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(
+            untrained.state_dict(), ddp_reference.state_dict(), atol=1e-5, rtol=0
+        )
+
+
+def test_resume_matches_ddp(ddp_reference, tmp_path, tiny_model_dir, piqa_small) -> None:
+    """Stop at step 10, resume to 20: the head's copy of the tied embedding is reloaded too."""
+    pipe = {"balance": [1, 1], "chunks": 4, "devices": ["cpu", "cpu"]}
+    train_in(tmp_path, tiny_model_dir, piqa_small, PIPE, 1, 10, **pipe)
+    train_in(tmp_path, tiny_model_dir, piqa_small, PIPE, 1, 20, **pipe)
+    state = torch.load(tmp_path / "final_weights.pt", weights_only=True)
+    log = read_training_log(tmp_path / "training_log.jsonl")
+    assert_same_training(ddp_reference, log, state)
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_forward_equals_model_wrapper(precision, tmp_path, tiny_model_dir, piqa_small) -> None:
+    """Outputs equal ModelWrapper.forward under the same autocast (applied inside the stages),
+    also for a batch with fewer rows than chunks (the last validation batch)."""
+    reference = ModelWrapper(str(tiny_model_dir))
+    built = engine(tmp_path, tiny_model_dir, precision=precision, chunks=4)
+    queries = training_queries(list(piqa_small["train"])[:6], reference.tokenizer, 128)
+    for rows in (6, 1):
+        batch = collate(queries[:rows], reference.pad_token_id)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
+            expected = reference(**batch)
+        outputs = built.forward_eval(batch)
+        for key in ("loss", "loglikelihood", "num_tokens"):
+            torch.testing.assert_close(outputs[key], expected[key], rtol=1e-6, atol=1e-6, msg=key)
+
+
+def engine(tmp_path: Path, model_dir: Path, world_size: int = 1, **params) -> PipeEngine:
+    config = TrainConfig(
+        "test",
+        tmp_path,
+        world_size=world_size,
+        is_distributed=world_size > 1,
+        devices=[-1] * world_size,
+    )
+    model = Lazy(Model, Params({"type": "tango_fairscale::causal_lm", "model": str(model_dir)}))
+    lazy = Lazy(
+        TrainingEngine,
+        Params(
+            {"type": PIPE, "precision": "32-true", "optimizer": {"type": "torch::AdamW"}, **params}
+        ),
+    )
+    built = lazy.construct(train_config=config, model=model)
+    assert isinstance(built, PipeEngine)
+    return built
+
+
+def assert_one_line(error: pytest.ExceptionInfo, *parts: str) -> None:
+    message = str(error.value)
+    assert "\n" not in message, message
+    for part in parts:
+        assert part in message, message
+
+
+@pytest.mark.parametrize(
+    "params, parts",
+    [
+        ({"balance": [1, 2]}, ("sums to 3", "2 transformer blocks", "sum to 2")),
+        ({"balance": [1, 0, 1]}, ("positive block counts",)),
+        ({"balance": [1, 1], "devices": ["cpu"]}, ("2 stages", "only 1", "add devices")),
+        ({"chunks": 0}, ("chunks must be a positive integer",)),
+        ({"checkpoint": "sometimes"}, ("never, always, except_last", "'sometimes'")),
+        ({"devices": ["tpu:0"]}, ("'tpu:0'",)),
+        ({"devices": ["cuda:99"]}, ("'cuda:99' is not available",)),
+    ],
+    ids=[
+        "balance-sum",
+        "balance-zero",
+        "stages>devices",
+        "chunks",
+        "checkpoint",
+        "device",
+        "missing-gpu",
+    ],
+)
+def test_bad_config_is_one_line(params, parts, tmp_path, tiny_model_dir) -> None:
+    with pytest.raises(ConfigurationError) as error:
+        engine(tmp_path, tiny_model_dir, **params)
+    assert_one_line(error, *parts)
+
+
+def test_more_processes_are_refused(tmp_path, tiny_model_dir) -> None:
+    with pytest.raises(ConfigurationError) as error:
+        engine(tmp_path, tiny_model_dir, world_size=2)
+    assert_one_line(error, "set device_count=1")
+
+
+def test_chunks_larger_than_micro_batch(tmp_path, tiny_model_dir, piqa_small) -> None:
+    """The micro-batch size is known at the first forward: 8 rows cannot make 16 chunks."""
+    with pytest.raises(ConfigurationError) as error:
+        train_tiny(tmp_path, tiny_model_dir, piqa_small, PIPE, 1, chunks=16)
+    assert_one_line(error, "chunks=16", "8 examples", "at most 8")
+
+
+def test_other_architectures_are_refused(tmp_path, tokenizer_dir) -> None:
+    model_dir = tmp_path / "llama"
+    ModelWrapper(
+        config={
+            "model_type": "llama",
+            "num_hidden_layers": 2,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 2,
+            "vocab_size": 50257,
+        },
+        tokenizer=str(tokenizer_dir),
+    ).save(model_dir)
+    with pytest.raises(ConfigurationError) as error:
+        engine(tmp_path, model_dir)
+    assert_one_line(error, "cannot split LlamaForCausalLM", "supported: GPT-2")
+
+
+def test_automatic_balance(tmp_path, tiny_model_dir) -> None:
+    """By parameter count, each stage with at least one block; the default is two CPU stages."""
+    assert partition([1, 1, 1, 1], 2) == [2, 2]
+    assert partition([1, 1, 1, 1], 2, first=2) == [1, 3]
+    assert partition([5, 1, 1, 1, 1, 1], 3)[0] == 1
+    assert partition([1, 1], 4) == [1, 1]
+    built = engine(tmp_path, tiny_model_dir)
+    assert built.balance == [1, 1]
+    assert built.stage_devices == [torch.device("cpu")] * 2
+    assert built.wrapped_model is built.model.module

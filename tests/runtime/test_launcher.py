@@ -1,0 +1,394 @@
+"""Training under torchrun: ``python -m tango_fairscale run`` on every process of a launched job.
+
+Each "node" is a real ``torchrun --nnodes 2 --node-rank N`` process on 127.0.0.1 (gloo on CPU):
+
+* ``engine=fairscale`` and ``engine=fsdp2`` on two nodes of one process end with the weights of the
+  single-node two-process ``tango run`` (within 1e-5), and the workspace holds one completed run
+  with its metrics;
+* SIGTERM to both torchrun agents mid-training (as a cluster's preemption): every rank checkpoints
+  and stops; the same two commands again resume and end with the uninterrupted run's weights;
+* SIGKILL of rank 1's worker mid-training: both nodes exit within seconds, and the same commands
+  resume from the last checkpoint to the uninterrupted run's weights;
+* ``fsdp2`` with ``hybrid_shard`` on two nodes of two processes (a 2 × 2 mesh) ends with the same
+  weights as that single-node run;
+* one-line errors: ``device_count`` ≠ the launcher's world size, a workspace that another node
+  cannot see (node 1 in its own mount namespace), a rendezvous that nobody else joins, and plain
+  ``tango run`` started by a launcher.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import child_processes
+from safetensors.torch import load_file
+
+from tango_fairscale.runtime.launcher import LaunchEnvironment
+from tango_fairscale.runtime.process_group import free_port
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CONFIG = "configs/gpt2_piqa.jsonnet"
+TIMEOUT_S = 300
+TRAIN = (
+    "train_steps=40",
+    "limit=32",
+    "batch_size=8",
+    "validate_every=20",
+    "lr=1e-3",
+    "precision=32-true",
+    "device_count=2",
+)
+HYBRID = '{"steps.trained_model.engine.sharding.hybrid_shard": true}'
+
+
+def environment() -> dict[str, str]:
+    cleared = {name: None for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    base = {k: v for k, v in os.environ.items() if k not in cleared}
+    return {**base, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def tango_args(workspace: Path, defines: tuple[str, ...], *extra: str) -> list[str]:
+    args = [CONFIG, "-w", str(workspace), *extra]
+    for define in defines:
+        args += ["-D", define]
+    return args
+
+
+def finish(processes: list[subprocess.Popen], logs: list[Path]) -> list[tuple[int, str]]:
+    """Wait for every process (killing all of them on a timeout); their exit codes and output."""
+    try:
+        codes = [process.wait(timeout=TIMEOUT_S) for process in processes]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+    return [(code, log.read_text(errors="replace")) for code, log in zip(codes, logs)]
+
+
+def start(command: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    with log.open("w") as out:
+        return subprocess.Popen(
+            command,
+            cwd=REPO_ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env or environment(),
+            start_new_session=True,
+        )
+
+
+def torchrun_nodes(
+    workspace: Path,
+    defines: tuple[str, ...],
+    *extra: str,
+    per_node: int = 1,
+    node1_prefix: tuple[str, ...] = (),
+    while_running: Callable[[list[subprocess.Popen]], None] | None = None,
+) -> list[tuple[int, str]]:
+    """Two torchrun "nodes" on this machine running the config; each node's (exit code, output).
+
+    ``while_running(processes)`` is called once both have started.
+    """
+    port = free_port()
+    processes, logs = [], []
+    for node in (0, 1):
+        torchrun = [
+            *(node1_prefix if node == 1 else ()),
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes=2",
+            f"--nproc-per-node={per_node}",
+            f"--node-rank={node}",
+            "--master-addr=127.0.0.1",
+            f"--master-port={port}",
+            "-m",
+            "tango_fairscale",
+            "run",
+            *tango_args(workspace, defines, *extra),
+        ]
+        logs.append(workspace.parent / f"{workspace.name}-node{node}.log")
+        processes.append(start(torchrun, logs[-1]))
+    if while_running is not None:
+        while_running(processes)
+    return finish(processes, logs)
+
+
+def single_node(workspace: Path, defines: tuple[str, ...]) -> str:
+    log = workspace.parent / f"{workspace.name}.log"
+    command = [sys.executable, "-m", "tango", "run", *tango_args(workspace, defines)]
+    [(code, output)] = finish([start(command, log)], [log])
+    assert code == 0, output[-4000:]
+    return output
+
+
+def trained_weights(workspace: Path) -> dict[str, torch.Tensor]:
+    [weights] = workspace.glob("cache/TrainStep-*/model.safetensors")
+    return load_file(weights)
+
+
+def assert_same_weights(expected: Path, actual: Path) -> None:
+    reference, candidate = trained_weights(expected), trained_weights(actual)
+    assert reference.keys() == candidate.keys()
+    for name, value in reference.items():
+        torch.testing.assert_close(candidate[name], value, rtol=0, atol=1e-5, msg=name)
+
+
+def assert_succeeded(nodes: list[tuple[int, str]]) -> None:
+    for node, (code, output) in enumerate(nodes):
+        assert code == 0, f"node {node} failed:\n{output[-6000:]}"
+
+
+@pytest.fixture(scope="module")
+def data(tiny_model_dir: Path, piqa_dir: Path) -> tuple[str, ...]:
+    return (f"model={tiny_model_dir}", f"data_dir={piqa_dir}", *TRAIN)
+
+
+@pytest.fixture(scope="module")
+def single_node_runs(tmp_path_factory, data: tuple[str, ...]) -> dict[str, Path]:
+    """The single-node two-process ``tango run`` of each sharded engine."""
+    root = tmp_path_factory.mktemp("single-node")
+    runs = {engine: root / engine for engine in ("fairscale", "fsdp2")}
+    for engine, workspace in runs.items():
+        single_node(workspace, (*data, f"engine={engine}"))
+    return runs
+
+
+@pytest.mark.parametrize("engine", ["fairscale", "fsdp2"])
+def test_two_nodes_train_like_one(
+    engine: str, single_node_runs: dict[str, Path], data: tuple[str, ...], tmp_path: Path
+) -> None:
+    from tango_fairscale.results import collect_runs, open_workspace
+
+    workspace = tmp_path / "ws"
+    nodes = torchrun_nodes(workspace, (*data, f"engine={engine}"))
+    assert_succeeded(nodes)
+    assert_same_weights(single_node_runs[engine], workspace)
+    [run] = collect_runs(open_workspace(str(workspace)), None)
+    assert run.metrics is not None and run.metrics["num_examples"] == 32
+    # Only rank 0 ran Tango: rank 1 printed no step.
+    assert "Finished step" not in nodes[1][1]
+
+
+def test_preempted_nodes_resume_to_the_same_weights(
+    single_node_runs: dict[str, Path], data: tuple[str, ...], tmp_path: Path
+) -> None:
+    workspace = tmp_path / "ws"
+    defines = (*data, "engine=fairscale")
+
+    def preempt_once_training(processes: list[subprocess.Popen]) -> None:
+        deadline = time.time() + TIMEOUT_S
+        while time.time() < deadline and not logged_steps(workspace):
+            time.sleep(0.05)
+        for process in processes:  # the torchrun agents pass SIGTERM on to their ranks
+            process.send_signal(signal.SIGTERM)
+
+    preempted = torchrun_nodes(workspace, defines, while_running=preempt_once_training)
+    assert all(code != 0 for code, _ in preempted)
+    stopped = [line for line in preempted[0][1].splitlines() if "preempted by SIGTERM" in line]
+    assert stopped and "rerun the same command to resume from checkpoint step" in stopped[0]
+    assert max(logged_steps(workspace)) < 40
+
+    resumed = torchrun_nodes(workspace, defines)
+    assert_succeeded(resumed)
+    assert logged_steps(workspace).count(1) == 1  # resumed, not started over
+    assert_same_weights(single_node_runs["fairscale"], workspace)
+
+
+def test_a_killed_rank_stops_every_node_and_the_job_resumes(
+    single_node_runs: dict[str, Path], data: tuple[str, ...], tmp_path: Path
+) -> None:
+    """SIGKILL of rank 1's worker mid-training: both nodes exit (non-zero) within seconds, no
+    process is left, and the same commands resume to the uninterrupted run's weights."""
+    workspace = tmp_path / "ws"
+    defines = (*data, "engine=fairscale")
+    killed: list[int] = []
+
+    def kill_rank_1_once_training(processes: list[subprocess.Popen]) -> None:
+        deadline = time.time() + TIMEOUT_S
+        while time.time() < deadline and not logged_steps(workspace):
+            time.sleep(0.05)
+        [worker] = child_processes(processes[1].pid, b"tango_fairscale")
+        os.kill(worker, signal.SIGKILL)
+        killed.append(worker)
+
+    started = time.time()
+    nodes = torchrun_nodes(workspace, defines, while_running=kill_rank_1_once_training)
+    assert time.time() - started < 120
+    assert all(code != 0 for code, _ in nodes)
+    assert "Signal 9 (SIGKILL)" in nodes[1][1] and "rank      : 1" in nodes[1][1]
+    assert not Path(f"/proc/{killed[0]}").exists()
+
+    resumed = torchrun_nodes(workspace, defines)
+    assert_succeeded(resumed)
+    assert_same_weights(single_node_runs["fairscale"], workspace)
+
+
+def logged_steps(workspace: Path) -> list[int]:
+    """Steps in the training log of the workspace's train step (rank 0 logs step 1, 10, 20, ...)."""
+    return [
+        json.loads(line)["step"]
+        for log in workspace.glob("cache/TrainStep-*/work/training_log.jsonl")
+        for line in log.read_text().splitlines()
+        if line.strip()
+    ]
+
+
+def test_hybrid_sharding_on_two_nodes_of_two(
+    single_node_runs: dict[str, Path], data: tuple[str, ...], tmp_path: Path
+) -> None:
+    """A 2 × 2 mesh (shard within a node, replicate across) trains like 2 processes in one node."""
+    workspace = tmp_path / "ws"
+    nodes = torchrun_nodes(
+        workspace, (*data, "engine=fsdp2", "device_count=4"), "-o", HYBRID, per_node=2
+    )
+    assert_succeeded(nodes)
+    assert "hybrid sharding: 2 replica(s) x 2 shard(s)" in nodes[0][1]
+    assert_same_weights(single_node_runs["fsdp2"], workspace)
+
+
+def test_device_count_must_match_the_launcher(data: tuple[str, ...], tmp_path: Path) -> None:
+    nodes = torchrun_nodes(tmp_path / "ws", (*data, "engine=fsdp2", "device_count=4"))
+    assert all(code != 0 for code, _ in nodes)  # rank 1 exits with rank 0's exit code
+    assert (
+        "ConfigurationError: device_count 4 disagrees with the launcher's 2 processes "
+        "(WORLD_SIZE); set -D device_count=2" in nodes[0][1]
+    )
+
+
+def can_unshare_mounts() -> bool:
+    probe = ["unshare", "--mount", "sh", "-c", "mount -t tmpfs tmpfs /mnt"]
+    try:
+        return subprocess.run(probe, capture_output=True).returncode == 0
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not can_unshare_mounts(), reason="needs unshare --mount (root)")
+def test_workspace_must_be_shared_by_every_node(data: tuple[str, ...], tmp_path: Path) -> None:
+    """Node 1 runs in its own mount namespace with an empty tmpfs over the workspace."""
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    hide = f'mount -t tmpfs tmpfs {workspace} && exec "$@"'
+    nodes = torchrun_nodes(
+        workspace,
+        (*data, "engine=fairscale"),
+        node1_prefix=("unshare", "--mount", "sh", "-c", hide, "sh"),
+    )
+    assert all(code != 0 for code, _ in nodes)
+    error = "tango.common.exceptions.ConfigurationError: "
+    line = next(line for line in nodes[0][1].splitlines() if line.startswith(error))
+    assert line.startswith(f"{error}rank 1: cannot see {workspace}/cache/TrainStep-"), line
+    assert "the workspace (-w) must be on storage every node mounts at the same path" in line
+
+
+def test_rendezvous_nobody_joins_is_one_line(tmp_path: Path) -> None:
+    port = free_port()
+    env = {
+        **environment(),
+        "RANK": "0",
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
+    command = [sys.executable, "-m", "tango_fairscale", "run", "--rendezvous-timeout", "2"]
+    result = subprocess.run(
+        [*command, *tango_args(tmp_path / "ws", ())],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith(
+        f"tango-fairscale: error: rank 0 could not meet the other 1 process(es) at "
+        f"127.0.0.1:{port} within 2 s ("
+    ), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_without_a_launcher_run_is_tango_run(tiny_model_dir: Path, piqa_dir: Path, tmp_path):
+    defines = (f"model={tiny_model_dir}", f"data_dir={piqa_dir}", "train_steps=0", "limit=8")
+    command = [sys.executable, "-m", "tango_fairscale", "run"]
+    command += tango_args(tmp_path / "ws", defines, "-n", "plain")
+    log = tmp_path / "plain.log"
+    [(code, output)] = finish([start(command, log)], [log])
+    assert code == 0, output[-4000:]
+    assert "Finished run plain" in output
+    assert (tmp_path / "ws" / "runs" / "plain" / "metrics").exists()
+
+
+def test_plain_tango_run_under_a_launcher_is_refused(data: tuple[str, ...], tmp_path: Path) -> None:
+    env = {
+        **environment(),
+        "RANK": "0",
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+    }
+    command = [sys.executable, "-m", "tango", "run", *tango_args(tmp_path / "ws", data)]
+    result = subprocess.run(
+        command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
+    )
+    assert result.returncode != 0
+    assert (
+        "ConfigurationError: this process is one of 2 started by a launcher (WORLD_SIZE is "
+        "set): start them with 'python -m tango_fairscale run ...' instead of 'tango run ...'"
+    ) in result.stdout + result.stderr
+
+
+# The launcher's environment variables ----------------------------------------------------------
+
+
+def test_environment_of_a_torchrun_process() -> None:
+    environ = {
+        "RANK": "3",
+        "WORLD_SIZE": "4",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": "node0",
+        "MASTER_PORT": "29500",
+        "TORCHELASTIC_RESTART_COUNT": "1",
+    }
+    assert LaunchEnvironment.from_environ(environ) == LaunchEnvironment(
+        rank=3,
+        world_size=4,
+        local_rank=1,
+        local_world_size=2,
+        master_addr="node0",
+        master_port=29500,
+        attempt=1,
+    )
+    assert LaunchEnvironment.from_environ({"PATH": "/bin"}) is None
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        ({"RANK": "0", "WORLD_SIZE": "2"}, "RANK, WORLD_SIZE set but MASTER_ADDR, MASTER_PORT not"),
+        (
+            {"RANK": "x", "WORLD_SIZE": "2", "MASTER_ADDR": "a", "MASTER_PORT": "1"},
+            "launcher variables must be integers",
+        ),
+        (
+            {"RANK": "2", "WORLD_SIZE": "2", "MASTER_ADDR": "a", "MASTER_PORT": "1"},
+            "inconsistent launcher variables: RANK=2 WORLD_SIZE=2",
+        ),
+    ],
+)
+def test_bad_launcher_environment_is_one_line(environ: dict[str, str], message: str) -> None:
+    from tango.common.exceptions import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match=message):
+        LaunchEnvironment.from_environ(environ)
