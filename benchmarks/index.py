@@ -131,7 +131,7 @@ def train_speed_figure(data: dict[str, Any]) -> str:
     if checks:
         return "; ".join(
             f"`{c['target']}` vs `{c['compare_to']}`, {c['world_size']} GPU(s): memory "
-            f"{c['peak_allocated_ratio']:.2f}x, throughput {c['tokens_per_s_ratio']:.2f}x"
+            f"{times(c['peak_allocated_ratio'])}, throughput {times(c['tokens_per_s_ratio'])}"
             for c in checks
         )
     pipes = [e for e in data.get("pipe_analysis") or [] if e.get("measured_efficiency")]
@@ -140,7 +140,7 @@ def train_speed_figure(data: dict[str, Any]) -> str:
         return (
             f"{best['shape']} `{best['config']}`: efficiency {best['measured_efficiency']:.2f} "
             f"of {best['stages']} GPUs, largest device "
-            f"{best['max_device_peak_allocated_vs_single']:.2f}x one GPU's memory"
+            f"{times(best.get('max_device_peak_allocated_vs_single'))} one GPU's memory"
         )
     parts = []
     for shape in dict.fromkeys(r["shape"] for r in rows):
@@ -158,6 +158,10 @@ def train_speed_figure(data: dict[str, Any]) -> str:
             text += f" ({best['tokens_per_s_vs_baseline']:.2f}x `{best['baseline']}`)"
         parts.append(text + fairscale_vs_fsdp2(group))
     return "; ".join(parts) or "no configuration measured"
+
+
+def times(ratio: float | None) -> str:
+    return "–" if ratio is None else f"{ratio:.2f}x"
 
 
 def fairscale_vs_fsdp2(rows: list[dict[str, Any]]) -> str:

@@ -12,7 +12,7 @@ source benchmarks/_gpu_setup.sh
 MODEL=/tmp/gpt2-124m-random
 $PY - "$TOK" "$MODEL" <<'PYEOF' >>"$LOG" 2>&1
 import sys
-from tango_fairscale.model import ModelWrapper
+from tango_fairscale.model.causal_lm import ModelWrapper
 import os
 shape = {"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12}
 if os.environ.get("BENCH_TINY") == "1":  # CPU smoke test

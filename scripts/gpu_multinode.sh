@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks of the launcher and fp16 paths on a 2-GPU machine (see README "Multi-node training"):
-#   1. the GPU-only tests (tests/engines/test_base.py: fp16 overflow skipped and logged per engine);
+#   1. the GPU-only tests (tests/parallel/test_engine.py: fp16 overflow skipped and logged per engine);
 #   2. configs/gpt2_piqa.jsonnet (124M-shaped GPT-2, fp32, NCCL) trained by single-node `tango run`
 #      with 2 spawned processes, and the same training under torchrun: two "nodes" of one GPU each
 #      (CUDA_VISIBLE_DEVICES 0 / 1, as on two machines), with and without hybrid_shard, and one node
@@ -14,12 +14,12 @@ source benchmarks/_gpu_setup.sh
 export TANGO_FAIRSCALE_SHARED_DATA=$PWD/.gpudata
 
 echo "== GPU tests"
-$PY -m pytest -q -p no:cacheprovider tests/engines/test_base.py 2>&1 | tail -5 | tee -a "$LOG"
+$PY -m pytest -q -p no:cacheprovider tests/parallel/test_engine.py 2>&1 | tail -5 | tee -a "$LOG"
 
 MODEL=/tmp/gpt2-124m-random
 $PY - "$TOK" "$MODEL" <<'PYEOF' >>"$LOG" 2>&1
 import os, sys
-from tango_fairscale.model import ModelWrapper
+from tango_fairscale.model.causal_lm import ModelWrapper
 shape = {"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12,
          "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
 if os.environ.get("BENCH_TINY") == "1":  # CPU smoke test

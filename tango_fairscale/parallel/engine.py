@@ -56,7 +56,9 @@ class Engine(TrainingEngine):
         self.precision = resolve_precision(precision, self.device)
         self.max_grad_norm = max_grad_norm
         self._check_options()
-        if self.sharded:  # FSDP needs a process group even alone (our worker has joined one)
+        # Our training worker has joined the job's process group; an engine built elsewhere (by
+        # Tango's torch::train, say) joins it here. FSDP needs one even alone.
+        if self.sharded or train_config.is_distributed:
             join_process_group(train_config)
         self._no_sync = contextlib.ExitStack()
         super().__init__(train_config, model, optimizer, lr_scheduler=lr_scheduler)
