@@ -1,8 +1,12 @@
-"""(context, continuation) text pairs → token queries, exactly as lm-evaluation-harness encodes
-them.
+"""(context, continuation) text pairs → token queries, exactly as lm-evaluation-harness's HF backend
+encodes them.
 
 * ``_encode_pair``: tokenize ``context + continuation`` and take the tokens after the context's own
   token count (trailing spaces of the context move to the continuation first);
+* text is encoded with the tokenizer's own special tokens (a tokenizer that adds a BOS token adds
+  it to the context and to the whole alike), except text that already starts with the BOS text;
+* an empty context: the continuation alone (no special tokens), after the prefix token (BOS, else
+  EOS) — or, when the continuation starts with that token, after its own first token;
 * left truncation: the model sees at most ``max_length + 1`` tokens of ``context + continuation``.
 """
 
@@ -30,16 +34,21 @@ def encode_pair(tokenizer: Any, context: str, continuation: str, max_length: int
 
 
 def encode_pairs(tokenizer: Any, pairs: Sequence[tuple[str, str]], max_length: int) -> list[Query]:
-    """:func:`encode_pair` for many pairs, with two batched tokenizer calls in all."""
+    """:func:`encode_pair` for many pairs, with a few batched tokenizer calls in all."""
     moved = [_move_trailing_spaces(context, continuation) for context, continuation in pairs]
-    wholes = _token_ids(tokenizer, [context + continuation for context, continuation in moved])
-    # Each PIQA context serves two continuations: tokenize it once.
-    unique_contexts = list(dict.fromkeys(context for context, _ in moved))
-    context_ids = dict(zip(unique_contexts, _token_ids(tokenizer, unique_contexts)))
+    texts = [context + continuation for context, continuation in moved if context]
+    # A context shared by several continuations (the choices of a question) is tokenized once.
+    texts += list(dict.fromkeys(context for context, _ in moved if context))
+    ids = dict(zip(texts, token_ids(tokenizer, texts)))
+    alone = [continuation for context, continuation in moved if not context]
+    ids_alone = dict(zip(alone, token_ids(tokenizer, alone, special_tokens=False)))
     queries = []
-    for (context, continuation), whole in zip(moved, wholes):
-        context_tokens = context_ids[context]
-        continuation_tokens = whole[len(context_tokens) :]
+    for context, continuation in moved:
+        if context:
+            context_tokens = ids[context]
+            continuation_tokens = ids[context + continuation][len(context_tokens) :]
+        else:
+            context_tokens, continuation_tokens = _after_prefix(tokenizer, ids_alone[continuation])
         if not continuation_tokens:
             raise ValueError(
                 f"continuation {continuation!r} encodes to no tokens after {context!r}"
@@ -47,9 +56,25 @@ def encode_pairs(tokenizer: Any, pairs: Sequence[tuple[str, str]], max_length: i
         # The model sees the context's own tokens, then the continuation's (as lm-eval feeds
         # them), at most max_length + 1 of them.
         tokens = (context_tokens + continuation_tokens)[-(max_length + 1) :]
-        # A continuation longer than the window is scored on the tokens the model can predict.
+        # A continuation longer than the window is scored on the tokens the model can predict
+        # (lm-eval's HF backend refuses it).
         queries.append(Query(tuple(tokens), min(len(continuation_tokens), len(tokens) - 1)))
     return queries
+
+
+def prefix_token_id(tokenizer: Any) -> int | None:
+    """The token an empty context stands for: BOS, else EOS (lm-eval's ``prefix_token_id``)."""
+    bos = tokenizer.bos_token_id
+    return tokenizer.eos_token_id if bos is None else bos
+
+
+def _after_prefix(tokenizer: Any, tokens: list[int]) -> tuple[list[int], list[int]]:
+    prefix = prefix_token_id(tokenizer)
+    if prefix is None:
+        raise ValueError("an empty context needs a BOS or EOS token, and the tokenizer has neither")
+    if tokens and tokens[0] == prefix:
+        return tokens[:1], tokens[1:]
+    return [prefix], tokens
 
 
 def _move_trailing_spaces(context: str, continuation: str) -> tuple[str, str]:
@@ -59,7 +84,27 @@ def _move_trailing_spaces(context: str, continuation: str) -> tuple[str, str]:
     return context, continuation
 
 
-def _token_ids(tokenizer: Any, texts: list[str]) -> list[list[int]]:
+def token_ids(tokenizer: Any, texts: list[str], special_tokens: bool = True) -> list[list[int]]:
+    """Each text's token ids. With ``special_tokens``, those the tokenizer adds itself (lm-eval's
+    ``tok_encode``), but not for a text that already starts with the BOS text."""
+    if not texts:
+        return []
+    prefix = prefix_token_id(tokenizer) if special_tokens else None
+    bos_text = None if prefix is None else tokenizer.decode(prefix)
+    starts_with_bos = [
+        not special_tokens or (bos_text is not None and text.startswith(bos_text)) for text in texts
+    ]
+    plain = [i for i, flag in enumerate(starts_with_bos) if flag]
+    special = [i for i, flag in enumerate(starts_with_bos) if not flag]
+    result: list[list[int]] = [[] for _ in texts]
+    for indices, add_special in ((plain, False), (special, True)):
+        encoded = _encode([texts[i] for i in indices], tokenizer, add_special)
+        for index, ids in zip(indices, encoded):
+            result[index] = ids
+    return result
+
+
+def _encode(texts: list[str], tokenizer: Any, add_special_tokens: bool) -> list[list[int]]:
     if not texts:
         return []
     # A fast tokenizer's Rust backend directly: the same ids without the Python BatchEncoding
@@ -67,6 +112,6 @@ def _token_ids(tokenizer: Any, texts: list[str]) -> list[list[int]]:
     # (``encode_batch_fast``: a fifth less).
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None:
-        encodings = backend.encode_batch_fast(texts, add_special_tokens=False)
+        encodings = backend.encode_batch_fast(texts, add_special_tokens=add_special_tokens)
         return [encoding.ids for encoding in encodings]
-    return tokenizer(texts, add_special_tokens=False)["input_ids"]
+    return tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"]

@@ -14,7 +14,11 @@ from transformers import PreTrainedModel
 from .. import compat  # noqa: F401  (Tango fixes)
 from ..compat.transformers import unpacked_sequences
 from .loading import build_model, fuse_tanh_gelu, load_tokenizer, set_padding_token
+from .logits import check_fast_path, logit_transform
 from .loss import loss_outputs, scored_row_nll
+
+#: A tokenizer's ``model_max_length`` when it sets none (transformers' ``VERY_LARGE_INTEGER``).
+UNBOUNDED_TOKENIZER_LENGTH = int(1e30)
 
 #: Attention implementations that take the explicit (R, 1, T, T) masks of packed batches.
 MASKED_ATTENTION = ("sdpa", "eager")
@@ -79,6 +83,11 @@ class ModelWrapper(Model):
             )
         self.model: PreTrainedModel = build_model(model, config, seed)
         fuse_tanh_gelu(self.model)
+        #: What the model's own forward does to its head's output (the fast loss does the same).
+        self.logit_transform = logit_transform(self.model.config)
+        check_fast_path(
+            self.model, self.logit_transform, self.model.get_input_embeddings().num_embeddings
+        )
         #: Logged training metrics by step (set by the training step and the stored format).
         self.training_log: list[dict[str, Any]] = []
         self.tokenizer = load_tokenizer(tokenizer_source)
@@ -86,13 +95,16 @@ class ModelWrapper(Model):
 
     @property
     def max_length(self) -> int:
-        """The longest input the model accepts (its position embeddings)."""
-        config = self.model.config
-        for name in ("max_position_embeddings", "n_positions", "n_ctx"):
+        """The longest input, as lm-eval's HF backend reads it: the (text) config's
+        ``n_positions``, ``max_position_embeddings`` or ``n_ctx``, else the tokenizer's
+        ``model_max_length`` unless unbounded, else 2048."""
+        config = getattr(self.model.config, "text_config", None) or self.model.config
+        for name in ("n_positions", "max_position_embeddings", "n_ctx"):
             value = getattr(config, name, None)
-            if isinstance(value, int) and value > 0:
-                return value
-        return self.tokenizer.model_max_length
+            if value is not None:
+                return int(value)
+        limit = self.tokenizer.model_max_length
+        return limit if limit < UNBOUNDED_TOKENIZER_LENGTH else 2048
 
     @property
     def pad_token_id(self) -> int:
@@ -124,7 +136,9 @@ class ModelWrapper(Model):
                 hidden = self.model.base_model(
                     input_ids=input_ids[:, :-1], use_cache=False
                 ).last_hidden_state
-            return loss_outputs(*scored_row_nll(head, hidden, labels[:, 1:]))
+            return loss_outputs(
+                *scored_row_nll(head, hidden, labels[:, 1:], transform=self.logit_transform)
+            )
         if query_ids is None:
             raise ValueError("a packed batch (with position_ids) needs query_ids")
         # Packed rows are already shifted: input t predicts labels[:, t].
@@ -140,7 +154,11 @@ class ModelWrapper(Model):
         ).last_hidden_state
         # query_ids stays on the CPU (move_batch): its largest value costs no device wait.
         num_queries = int(query_ids.max()) + 1
-        return loss_outputs(*scored_row_nll(head, hidden, labels, query_ids, num_queries))
+        return loss_outputs(
+            *scored_row_nll(
+                head, hidden, labels, query_ids, num_queries, transform=self.logit_transform
+            )
+        )
 
     def save(self, directory: Path) -> None:
         """Write weights (safetensors), config and tokenizer in Hugging Face's layout."""

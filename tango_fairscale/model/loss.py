@@ -4,6 +4,7 @@ scored, in chunks, with the gradients computed in the forward (no logits stored)
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -15,17 +16,44 @@ from ..data.batches import IGNORE_INDEX
 LOGIT_CHUNK_ROWS = 4096
 
 
+@dataclass(frozen=True)
+class LogitTransform:
+    """What a model's own forward does to ``lm_head(hidden)`` before the softmax: multiply by
+    ``scale`` (Cohere's ``logit_scale``; Granite's ``1 / logits_scaling``), then cap softly
+    (Gemma-2/3's ``final_logit_softcapping``: ``cap * tanh(logits / cap)``)."""
+
+    scale: float = 1.0
+    softcap: float | None = None
+
+    @property
+    def identity(self) -> bool:
+        return self.scale == 1.0 and self.softcap is None
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.scale != 1.0:
+            logits = logits * self.scale
+        if self.softcap is not None:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+
+IDENTITY = LogitTransform()
+
+
 def scored_row_nll(
     head: torch.nn.Module,
     hidden: torch.Tensor,
     targets: torch.Tensor,
     groups: torch.Tensor | None = None,
     num_groups: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Each row's mean and summed cross-entropy over its scored targets, and how many it has.
+    transform: LogitTransform = IDENTITY,
+) -> tuple[torch.Tensor, ...]:
+    """Each row's mean and summed cross-entropy over its scored targets, how many it has and,
+    when scoring, whether each is the greedy (argmax) continuation.
 
-    ``hidden`` ``(B, T, H)`` predicts ``targets`` ``(B, T)`` (``-100``: not scored). Returns
-    ``(row_mean_nll, row_nll, num_tokens)``, each ``(B,)``; a row without scored targets has mean
+    ``hidden`` ``(B, T, H)`` predicts ``targets`` ``(B, T)`` (``-100``: not scored) through
+    ``transform(head(hidden))``. Returns ``(row_mean_nll, row_nll, num_tokens)``, each ``(B,)``,
+    and, without gradients, ``row_greedy`` ``(B,)`` too; a row without scored targets has mean
     0. Only ``row_mean_nll`` carries gradients, and only for a loss that weighs every row alike
     (a multiple of ``row_mean_nll.sum()``, such as :func:`loss_outputs`' mean). With ``groups``
     ``(B, T)`` (packed rows), the "rows" are instead the ``num_groups`` values it holds at the
@@ -50,7 +78,7 @@ def scored_row_nll(
         num_tokens = torch.bincount(rows, minlength=num_groups)
     token_weights = (1.0 / num_tokens.clamp(min=1).float())[rows]
     weight, bias = _aligned_projection(head)
-    row_mean_nll, row_nll = _ScoredCrossEntropy.apply(
+    inputs = (
         hidden.flatten(0, 1).index_select(0, positions.to(device, non_blocking=True)),
         weight,
         bias,
@@ -58,27 +86,84 @@ def scored_row_nll(
         token_weights.to(device, non_blocking=True),
         rows.to(device, non_blocking=True),
         len(num_tokens),
+        transform,
     )
-    return row_mean_nll, row_nll, num_tokens.to(device, non_blocking=True)
+    num_tokens = num_tokens.to(device, non_blocking=True)
+    trains = (
+        hidden.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    )
+    if torch.is_grad_enabled() and trains:
+        row_mean_nll, row_nll = _ScoredCrossEntropy.apply(*inputs)
+        return row_mean_nll, row_nll, num_tokens
+    return (*_score(*inputs), num_tokens)
 
 
 def loss_outputs(
-    row_mean_nll: torch.Tensor, row_nll: torch.Tensor, num_tokens: torch.Tensor
+    row_mean_nll: torch.Tensor,
+    row_nll: torch.Tensor,
+    num_tokens: torch.Tensor,
+    row_greedy: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
-    """``forward``'s outputs from :func:`scored_row_nll`'s."""
-    return {"loss": row_mean_nll.mean(), "loglikelihood": -row_nll, "num_tokens": num_tokens}
+    """``forward``'s outputs from :func:`scored_row_nll`'s: ``loss``, ``loglikelihood``,
+    ``num_tokens`` and, when scoring, ``greedy``."""
+    outputs = {"loss": row_mean_nll.mean(), "loglikelihood": -row_nll, "num_tokens": num_tokens}
+    if row_greedy is not None:
+        outputs["greedy"] = row_greedy
+    return outputs
+
+
+def _score(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    token_weights: torch.Tensor,
+    rows: torch.Tensor,
+    num_rows: int,
+    transform: LogitTransform,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Without gradients: ``(row_mean_nll, row_nll, row_greedy)``, one log-softmax pass and one
+    argmax per chunk of logits (fp32; on a GPU in low precision written so by the GEMM)."""
+    device_type = hidden.device.type
+    dtype = (
+        torch.get_autocast_dtype(device_type)
+        if torch.is_autocast_enabled(device_type)
+        else hidden.dtype
+    )
+    float_logits = device_type == "cuda" and dtype != torch.float32
+    n = hidden.shape[0]
+    token_nll = torch.empty(n, dtype=torch.float32, device=hidden.device)
+    token_missed = torch.empty(n, dtype=torch.float32, device=hidden.device)
+    with torch.autocast(device_type, enabled=False):
+        compute_weight = weight.to(dtype)
+        compute_bias = None if bias is None else bias.to(dtype)
+        for start in range(0, n, LOGIT_CHUNK_ROWS):
+            end = min(start + LOGIT_CHUNK_ROWS, n)
+            logits = _project(
+                hidden[start:end].to(dtype), compute_weight, compute_bias, float_logits
+            )
+            logits = transform(logits.float())
+            chunk_targets = targets[start:end]
+            # One fused log-softmax pass (logsumexp alone makes four passes over the logits).
+            token_nll[start:end] = F.cross_entropy(logits, chunk_targets, reduction="none")
+            token_missed[start:end] = (logits.argmax(dim=-1) != chunk_targets).float()
+    zeros = token_nll.new_zeros(num_rows)
+    row_nll = zeros.index_add(0, rows, token_nll)
+    row_greedy = zeros.index_add(0, rows, token_missed) == 0
+    return zeros.index_add(0, rows, token_nll * token_weights), row_nll, row_greedy
 
 
 class _ScoredCrossEntropy(torch.autograd.Function):
-    """Token cross-entropies of ``hidden @ weight.T + bias`` against ``targets``, chunk by chunk,
-    summed per row: weighted by ``token_weights`` (differentiable) and plain (not).
+    """Token cross-entropies of ``transform(hidden @ weight.T + bias)`` against ``targets``,
+    chunk by chunk, summed per row: weighted by ``token_weights`` (differentiable) and plain
+    (not).
 
-    When gradients are needed, the forward computes them from each chunk's softmax at once
-    (``d nll / d logits = softmax - onehot``) and keeps only the ``(N, H)`` and ``(V, H)``
-    results; the backward scales them by the incoming gradient. That is exact when every row
-    receives the same gradient, which the backward checks. Gradient matrix products run in the
-    compute dtype (the autocast dtype, else the inputs'), in fp32 instead of fp16: the
-    unscaled gradients would underflow there.
+    The forward computes the gradients from each chunk's softmax at once
+    (``d nll / d logits = softmax - onehot``, through the transform's derivative) and keeps only
+    the ``(N, H)`` and ``(V, H)`` results; the backward scales them by the incoming gradient.
+    That is exact when every row receives the same gradient, which the backward checks.
+    Gradient matrix products run in the compute dtype (the autocast dtype, else the inputs'), in
+    fp32 instead of fp16: the unscaled gradients would underflow there.
     """
 
     @staticmethod
@@ -91,6 +176,7 @@ class _ScoredCrossEntropy(torch.autograd.Function):
         token_weights: torch.Tensor,
         rows: torch.Tensor,
         num_rows: int,
+        transform: LogitTransform,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
         device_type = hidden.device.type
@@ -106,17 +192,11 @@ class _ScoredCrossEntropy(torch.autograd.Function):
         grad_hidden = hidden.new_empty(n, width, dtype=torch.float32) if need_hidden else None
         grad_weight = weight.new_zeros(vocab, width, dtype=torch.float32) if need_weight else None
         grad_bias = weight.new_zeros(vocab, dtype=torch.float32) if need_bias else None
-        # Compiled on GPUs when training (memory-bound passes over the logits fused into a few
-        # kernels: eager, they cost ~10 % of a 124M step on an H200); scoring stays eager, where
-        # a compilation per process would cost more than it saves.
-        need_grads = need_hidden or need_weight or need_bias
+        # Compiled on GPUs (memory-bound passes over the logits fused into a few kernels: eager,
+        # they cost ~10 % of a 124M step on an H200).
         chunk_cross_entropy = (
-            _compiled_chunk_cross_entropy()
-            if need_grads and device_type == "cuda"
-            else _chunk_cross_entropy
+            _compiled_chunk_cross_entropy() if device_type == "cuda" else _chunk_cross_entropy
         )
-        # Scoring on a GPU in low precision: the GEMM writes fp32 logits itself.
-        float_logits = not need_grads and device_type == "cuda" and dtype != torch.float32
         with torch.autocast(device_type, enabled=False):
             compute_weight = weight.to(dtype)
             compute_bias = None if bias is None else bias.to(dtype)
@@ -126,15 +206,15 @@ class _ScoredCrossEntropy(torch.autograd.Function):
                 end = min(start + LOGIT_CHUNK_ROWS, n)
                 chunk = hidden[start:end].to(dtype)
                 token_nll[start:end], grad_logits, chunk_grad_bias = chunk_cross_entropy(
-                    _project(chunk, compute_weight, compute_bias, float_logits),
+                    F.linear(chunk, compute_weight, compute_bias),
                     targets[start:end],
-                    token_weights[start:end] if need_grads else None,
+                    token_weights[start:end],
                     grad_dtype,
                     need_bias,
+                    transform.scale,
+                    transform.softcap,
                 )
-                if grad_logits is None:  # scoring only
-                    continue
-                if grad_bias is not None and chunk_grad_bias is not None:
+                if grad_bias is not None:
                     grad_bias += chunk_grad_bias
                 if grad_hidden is not None:
                     grad_hidden[start:end] = grad_logits @ projection
@@ -171,6 +251,7 @@ class _ScoredCrossEntropy(torch.autograd.Function):
             None,
             None,
             None,
+            None,
         )
 
 
@@ -189,19 +270,23 @@ def _project(
 def _chunk_cross_entropy(
     logits: torch.Tensor,
     targets: torch.Tensor,
-    token_weights: torch.Tensor | None,
+    token_weights: torch.Tensor,
     grad_dtype: torch.dtype,
     need_bias: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """Cross-entropy of each row of ``logits`` ``(N, V)`` against ``targets`` ``(N,)``, in fp32.
-
-    With ``token_weights`` ``(N,)`` also ``d sum(token_weights * nll) / d logits`` (``grad_dtype``)
-    and, if ``need_bias``, its fp32 sum over rows; else those are ``None``.
-    """
+    scale: float = 1.0,
+    softcap: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Cross-entropy of each row of ``logits`` ``(N, V)`` (after :class:`LogitTransform`'s
+    ``scale`` and ``softcap``) against ``targets`` ``(N,)`` in fp32, and
+    ``d sum(token_weights * nll) / d logits`` (``grad_dtype``) and, if ``need_bias``, its fp32
+    sum over rows."""
     logits = logits.float()
-    if token_weights is None:
-        # One fused log-softmax pass (logsumexp alone makes four passes over the logits).
-        return F.cross_entropy(logits, targets, reduction="none"), None, None
+    if scale != 1.0:
+        logits = logits * scale
+    capped = None
+    if softcap is not None:
+        capped = torch.tanh(logits / softcap)
+        logits = capped * softcap
     targets = targets[:, None]
     log_normalizer = torch.logsumexp(logits, dim=-1, keepdim=True)
     nll = (log_normalizer - logits.gather(1, targets))[:, 0]
@@ -209,6 +294,10 @@ def _chunk_cross_entropy(
     grad_logits = logits.sub_(log_normalizer).exp_()
     grad_logits.scatter_add_(1, targets, grad_logits.new_full(targets.shape, -1.0))
     grad_logits.mul_(token_weights[:, None])
+    if capped is not None:  # through cap * tanh(z / cap): times 1 - tanh²
+        grad_logits.mul_(1 - capped.square())
+    if scale != 1.0:
+        grad_logits.mul_(scale)
     grad_bias = grad_logits.sum(dim=0) if need_bias else None
     return nll, grad_logits.to(grad_dtype), grad_bias
 
