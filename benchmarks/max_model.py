@@ -199,7 +199,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.tiny:
         args.world_size, args.seq_len, args.batch_size, args.steps = "1", 64, 2, 3
-        args.configs, args.start = "fsdp2-fp32-ckpt,ddp-fp32", args.start or "t128"
+        args.configs, args.start = "fsdp2-fp32-ckpt,ddp-fp32", "t128"  # the tiny ladder
         shared = _bench.REPO_ROOT.parent / "shared" / "data" / "gpt2-tokenizer"
         if not Path(args.tokenizer).is_dir() and shared.is_dir():
             args.tokenizer = str(shared)

@@ -85,9 +85,8 @@ class ModelWrapper(Model):
         fuse_tanh_gelu(self.model)
         #: What the model's own forward does to its head's output (the fast loss does the same).
         self.logit_transform = logit_transform(self.model.config)
-        check_fast_path(
-            self.model, self.logit_transform, self.model.get_input_embeddings().num_embeddings
-        )
+        vocab_size = self.model.get_input_embeddings().weight.shape[0]
+        check_fast_path(self.model, self.logit_transform, vocab_size)
         #: Logged training metrics by step (set by the training step and the stored format).
         self.training_log: list[dict[str, Any]] = []
         self.tokenizer = load_tokenizer(tokenizer_source)

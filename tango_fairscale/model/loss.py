@@ -214,7 +214,7 @@ class _ScoredCrossEntropy(torch.autograd.Function):
                     transform.scale,
                     transform.softcap,
                 )
-                if grad_bias is not None:
+                if grad_bias is not None and chunk_grad_bias is not None:
                     grad_bias += chunk_grad_bias
                 if grad_hidden is not None:
                     grad_hidden[start:end] = grad_logits @ projection
