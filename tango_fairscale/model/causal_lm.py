@@ -85,7 +85,7 @@ class ModelWrapper(Model):
         fuse_tanh_gelu(self.model)
         #: What the model's own forward does to its head's output (the fast loss does the same).
         self.logit_transform = logit_transform(self.model.config)
-        vocab_size = self.model.get_input_embeddings().weight.shape[0]
+        vocab_size = int(self.model.config.get_text_config().vocab_size)
         check_fast_path(self.model, self.logit_transform, vocab_size)
         #: Logged training metrics by step (set by the training step and the stored format).
         self.training_log: list[dict[str, Any]] = []
