@@ -1,0 +1,212 @@
+#!/usr/bin/env bash
+# The GPU benchmarks as named suites, in ONE device call, from the repository root:
+#
+#   bash benchmarks/gpu.sh SUITE [SUITE...]     # e.g. bash benchmarks/gpu.sh tests eval
+#   bash benchmarks/gpu.sh --list               # the suites: GPUs, seconds, the figure each makes
+#   bash benchmarks/gpu.sh --dry-run SUITE...   # print the commands only (no GPU, no install)
+#
+# Each suite runs the invocations that produce the current figure of one README performance
+# target. Needs, carried with the repository: .whl/ (bash ../shared/tools/gpu-wheels.sh .whl),
+# .gpudata/piqa and .gpudata/gpt2-tokenizer (or PIQA_DIR / TOKENIZER_DIR). Writes each suite's
+# files under $OUT/SUITE/ (its full output in $OUT/SUITE/log.txt), then prints an index of the
+# results. BENCH_TOTAL_S (default 540) bounds the whole call: suites share what is left after
+# setup in proportion to their nominal seconds, and each one's commands stop by then. Also:
+# BENCH_COMMIT (the commit measured, when the copy has no .git), BENCH_TINY=1 (CPU smoke test:
+# --tiny sizes, GPU counts not checked), BENCH_SKIP_INSTALL=1, PYTHON.
+#
+# Suites (name | GPUs | nominal seconds | the figure it produces); `gpu.sh --list` and
+# benchmarks/index.py read these lines:
+#@ tests | 1 | 120 | GPU-only tests pass (compiled loss, packed batches on a GPU, fp16 overflow in every engine)
+#@ e2e | 1 | 330 | the whole flow: tango run configs/gpt2_piqa.jsonnet with every engine on the visible GPUs
+#@ train-synthetic-124m | 1 | 240 | MFU >= 30 % at GPT-2 124M; sharded engines >= 1.3x ddp bf16 autocast (124M)
+#@ train-synthetic-1.5b | 1 | 400 | MFU >= 45 % at GPT-2 1.5B; FairScale within 10 % of FSDP2; sharded engines >= 1.3x ddp bf16 (1.5B)
+#@ train-piqa | 1 | 300 | FairScale bf16 + checkpointing on PIQA batches of 16 per GPU: memory <= 1/3 of DDP fp32, throughput >= DDP fp32
+#@ profile | 1 | 330 | where short PIQA steps' time goes: GPU kernels by kind and Python functions (124M and 1.5B)
+#@ eval | 1 | 150 | PIQA evaluation >= 20,000 queries/s (GPT-2 124M)
+#@ precision | 1 | 330 | bf16 / fp16 mixed precision: 300 steps, no NaN, final loss within 2 % of fp32
+#@ max-model | 1 | 540 | largest model that trains 10 steps: >= 6B on one H200, >= 12B on two
+#@ pipe | 2 | 300 | pipe engine over two GPUs against one: throughput, memory per device, the bubble
+#@ multinode | 2 | 540 | two torchrun "nodes" end bit-identical to the single-node run (fsdp2, hybrid_shard, fairscale)
+# Groups: train-synthetic = train-synthetic-124m train-synthetic-1.5b.
+# To be added (by their owners): lm-eval (our scorer against `lm_eval --model hf` on PIQA, and a
+# synthetic suite of >= 50k requests) and torch-train (Tango's torch::train with our engines
+# against our train step).
+set -u -o pipefail
+
+SELF=benchmarks/gpu.sh
+DRY_RUN=0
+suites=()
+for arg in "$@"; do
+  case $arg in
+    --dry-run) DRY_RUN=1 ;;
+    --list)
+      grep '^#@ ' "$SELF" | sed 's/^#@ //' | awk -F' [|] ' \
+        '{printf "%-22s %s GPU(s)  %4s s  %s\n", $1, $2, $3, $4}'
+      exit 0 ;;
+    -h|--help) sed -n '2,/^set -u/p' "$SELF" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+    train-synthetic) suites+=(train-synthetic-124m train-synthetic-1.5b) ;;
+    -*) echo "unknown option $arg (use --list, --dry-run)"; exit 2 ;;
+    *) suites+=("$arg") ;;
+  esac
+done
+[ ${#suites[@]} -gt 0 ] || { echo "name at least one suite (bash $SELF --list)"; exit 2; }
+declare -A GPUS_NEEDED NOMINAL
+while IFS='|' read -r name gpus seconds _; do
+  name=$(echo "$name" | tr -d ' '); GPUS_NEEDED[$name]=$(echo "$gpus" | tr -d ' ')
+  NOMINAL[$name]=$(echo "$seconds" | tr -d ' ')
+done < <(grep '^#@ ' "$SELF" | sed 's/^#@ //')
+for suite in "${suites[@]}"; do
+  [ -n "${NOMINAL[$suite]:-}" ] || { echo "unknown suite $suite (bash $SELF --list)"; exit 2; }
+done
+
+DEFAULT_TOTAL_S=540
+export BENCH_DRY_RUN=$DRY_RUN
+# shellcheck source=benchmarks/_gpu_setup.sh
+source benchmarks/_gpu_setup.sh
+export PIQA_DIR=$PIQA TOKENIZER_DIR=$TOK  # the scripts this runs read the same data
+GPUS=$(nvidia-smi -L 2>/dev/null | grep -c ^GPU)
+DATA_ROOT=$(dirname "$PIQA")  # the tests read $TANGO_FAIRSCALE_SHARED_DATA/{piqa,gpt2-tokenizer}
+
+# step SECONDS COMMAND...: run COMMAND under `timeout` with its output in $DIR/log.txt (the
+# suite's folder), or print it under --dry-run.
+step() {
+  local seconds=$1; shift
+  if [ "$DRY_RUN" = 1 ]; then
+    printf '  timeout %s' "$seconds"
+    for arg in "$@"; do
+      if [[ $arg =~ ^[A-Za-z0-9_./:=,+@%-]+$ ]]; then printf ' %s' "$arg"
+      else printf " '%s'" "${arg//\'/\'\\\'\'}"; fi
+    done
+    echo
+    return 0
+  fi
+  local label=$1 arg
+  for arg in "$@"; do
+    case $arg in *.py|*.sh|pytest) label=$(basename "$arg"); break ;; esac
+  done
+  echo "== $SUITE: $*" >>"$DIR/log.txt"
+  timeout -k 10 "$seconds" "$@" >>"$DIR/log.txt" 2>&1
+  local rc=$?
+  echo "== $SUITE: $label rc=$rc after $(elapsed) s" | tee -a "$LOG"
+  return $rc
+}
+# train_speed SECONDS ARGS...: benchmarks/train_speed.py with the shared arguments.
+train_speed() {
+  local seconds=$1; shift
+  step "$seconds" "$PY" benchmarks/train_speed.py "${TINY[@]}" --tokenizer "$TOK" \
+    --budget-s $(( seconds - 15 )) "$@"
+}
+
+suite_tests() {
+  local files
+  mapfile -t files < <(grep -rl "not torch.cuda.is_available()" tests --include='*.py' | sort)
+  step "$BUDGET" env TANGO_FAIRSCALE_SHARED_DATA="$DATA_ROOT" "$PY" -m pytest -q \
+    -p no:cacheprovider "${files[@]}"
+  [ "$DRY_RUN" = 1 ] || tail -1 "$DIR/log.txt" | tee -a "$LOG"
+}
+
+suite_e2e() {  # results.txt (the runs x metrics table), curves.png; E2E_DEVICES to override
+  step "$BUDGET" env OUT="$DIR" BENCH_SKIP_INSTALL=1 BENCH_TOTAL_S="$BUDGET" \
+    E2E_STEPS="${E2E_STEPS:-$([ ${#TINY[@]} -gt 0 ] && echo 4 || echo 60)}" bash scripts/gpu_e2e.sh
+}
+
+suite_train_synthetic_124m() {  # seq 1024 batch 64, 25 warm-up steps: the compiled steady state
+  train_speed "$BUDGET" --world-size 1 --batch-size 124m=64 --warmup 25 --steps 15 \
+    --plan 124m:ddp-bf16,ddp-bf16-compile-fused,fairscale-bf16-compile-fused,fsdp2-bf16-compile-fused \
+    --compare-to ddp-bf16 --target '' --config-timeout 90 \
+    --out "$DIR/train_speed_synth_124m.json"
+}
+
+suite_train_synthetic_1_5b() {  # seq 1024 batch 16, then 3 profiled steps (GPU time by kind)
+  train_speed "$BUDGET" --world-size 1 --batch-size 1.5b=16 --warmup 8 --steps 8 \
+    --profile-steps 3 \
+    --plan 1.5b:ddp-bf16,ddp-bf16-compile-fused,fairscale-bf16-compile-fused,fsdp2-bf16-compile-fused \
+    --compare-to ddp-bf16 --target '' --config-timeout 150 \
+    --out "$DIR/train_speed_synth_1.5b.json"
+}
+
+suite_train_piqa() {  # 124M, 16 PIQA examples per GPU, padded; world size 2 where 2 GPUs are seen
+  train_speed "$BUDGET" --data piqa --piqa "$PIQA" --world-size 2,1 --batch-size 16 \
+    --warmup 8 --steps 25 \
+    --plan 124m:ddp-fp32,ddp-bf16,fairscale-bf16,fairscale-bf16-ckpt,fairscale-bf16-ckpt-noreshard,fairscale-bf16-root,fsdp2-bf16-ckpt \
+    --compare-to ddp-fp32 --target fairscale-bf16-ckpt --config-timeout 60 \
+    --out "$DIR/train_speed_piqa_124m_b16.json"
+}
+
+suite_profile() {  # world size 1, PIQA batches of 16: 3 steps under torch.profiler, 3 under cProfile
+  local half=$(( BUDGET * 2 / 5 ))
+  train_speed "$half" --data piqa --piqa "$PIQA" --world-size 1 --batch-size 16 \
+    --warmup 8 --steps 10 --profile-steps 3 --cprofile-steps 3 \
+    --plan 124m:ddp-fp32,fairscale-bf16-ckpt,fsdp2-bf16-ckpt \
+    --compare-to ddp-fp32 --target fairscale-bf16-ckpt --config-timeout 60 \
+    --out "$DIR/train_speed_piqa_profiled_124m_b16.json"
+  train_speed $(( BUDGET - half - 5 )) --data piqa --piqa "$PIQA" --world-size 1 \
+    --batch-size 16 --warmup 5 --steps 10 --profile-steps 3 --cprofile-steps 3 \
+    --plan 1.5b:ddp-bf16-fused-packed,fairscale-bf16-fused-packed,fsdp2-bf16-fused-packed \
+    --compare-to ddp-bf16-fused-packed --target '' --config-timeout 90 \
+    --out "$DIR/train_speed_piqa_profiled_1.5b_b16.json"
+}
+
+suite_eval() {  # the predictions step at max_batch_tokens 16384, fp32 and bf16, packed and padded
+  step "$BUDGET" env TOKENIZERS_PARALLELISM=true "$PY" benchmarks/eval_speed.py "${TINY[@]}" \
+    --piqa "$PIQA" --tokenizer "$TOK" --shape 124m --batch-sizes 4096 --single-queries 20 \
+    --repeats 5 --variants '' --token-budgets 16384 --budget-batch-size 4096 \
+    --layouts packed,padded --profile --budget-s $(( BUDGET - 20 )) \
+    --out "$DIR/eval_speed.json"
+}
+
+suite_precision() {  # the training step, FairScale per block, 1 GPU, PIQA batch 16, 300 steps
+  step "$BUDGET" "$PY" benchmarks/precision_run.py "${TINY[@]}" --piqa "$PIQA" --tokenizer "$TOK" \
+    --precisions 32-true,bf16-mixed,16-mixed --steps 300 --batch-size 16 --world-size 1 \
+    --validate-every 100 --budget-s $(( BUDGET * 2 / 3 )) --work-dir /tmp \
+    --out "$DIR/precision.json"
+}
+
+suite_max_model() {  # bf16 + checkpointing (+ offload), batch 1 x 1024; world size 2 on 2 GPUs
+  step "$BUDGET" "$PY" benchmarks/max_model.py "${TINY[@]}" --world-size 1,2 \
+    --start 1=6.7b,2=13b --tokenizer "$TOK" --budget-s $(( BUDGET - 20 )) \
+    --out "$DIR/max_model.json"
+}
+
+suite_pipe() {  # one process, the stages on every visible GPU, against ddp-bf16 on one GPU
+  local plan_124m=124m:ddp-bf16,pipe-bf16-c4,pipe-bf16-c4-b8_4
+  [ ${#TINY[@]} -gt 0 ] && plan_124m=124m:ddp-bf16,pipe-bf16-c4,pipe-bf16-c4-b1_1  # 2 blocks
+  train_speed "$BUDGET" --world-size 1 --pipe-devices all \
+    --plan 1.5b:ddp-bf16,pipe-bf16-c4,pipe-bf16-c8,pipe-bf16-c8-ckpt-always,pipe-bf16-c8-ckpt-never \
+    --plan "$plan_124m" --batch-size 1.5b=8,124m=16,tiny=8 --steps 1.5b=5,124m=8 \
+    --warmup 1.5b=2,124m=2 --compare-to '' --target '' --config-timeout 100 \
+    --out "$DIR/train_speed_pipe.json"
+}
+
+suite_multinode() {  # multinode.json: the largest weight difference of each launch to one node
+  step "$BUDGET" env OUT="$DIR" BENCH_SKIP_INSTALL=1 BENCH_TOTAL_S="$BUDGET" \
+    bash scripts/gpu_multinode.sh
+}
+
+remaining=0
+for suite in "${suites[@]}"; do remaining=$(( remaining + NOMINAL[$suite] )); done
+for suite in "${suites[@]}"; do
+  export SUITE=$suite BENCH_SUITE=$suite
+  DIR="$OUT/$suite"
+  share=$(( ($(left) - 15) * NOMINAL[$suite] / remaining ))
+  remaining=$(( remaining - NOMINAL[$suite] ))
+  BUDGET=$share
+  [ "$DRY_RUN" = 1 ] && BUDGET=${NOMINAL[$suite]}
+  echo "== suite $suite: ${BUDGET} s (${NOMINAL[$suite]} s nominal, ${GPUS_NEEDED[$suite]} GPU(s))" \
+    | tee -a "$LOG"
+  if [ "$DRY_RUN" != 1 ] && [ ${#TINY[@]} -eq 0 ] && [ "$GPUS" -lt "${GPUS_NEEDED[$suite]}" ]; then
+    echo "== $suite skipped: needs ${GPUS_NEEDED[$suite]} GPUs, $GPUS visible" | tee -a "$LOG"
+    continue
+  fi
+  if [ "$BUDGET" -lt 30 ]; then
+    echo "== $suite skipped: $BUDGET s left" | tee -a "$LOG"
+    continue
+  fi
+  [ "$DRY_RUN" = 1 ] || mkdir -p "$DIR"
+  "suite_$(echo "$suite" | tr -- '-.' '__')"
+done
+
+[ "$DRY_RUN" = 1 ] && exit 0
+echo
+"$PY" benchmarks/index.py --dir "$OUT" --print 2>&1 | tee -a "$LOG"
+echo "== total $(elapsed) s; files: $(cd "$OUT" && find . -type f | sort | tr '\n' ' ')"
