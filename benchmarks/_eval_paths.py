@@ -1,11 +1,13 @@
 """eval_speed.py's measured paths: what each timing runs, and how it is timed.
 
-* :func:`run_step`: the cached predictions step's own ``run`` (tokenize + score). The step class
-  is imported here and nowhere else in ``benchmarks/``, so that a scorer moving to another
-  module or step changes one line.
-* :func:`encode_choices`: tokenization alone (both choices of every example, lm-eval's
-  ``_encode_pair``), :func:`score` the package's ``score_queries`` on those queries, and
-  :func:`device_batches` / :func:`forwards` the model's forwards on batches already on the device.
+* :func:`run_scoring`: the package's PIQA scoring as its evaluation runs it: both choices of
+  every example encoded as lm-eval encodes them, then ``score_queries`` (length-sorted or packed
+  batches, one forward each) under ``no_grad``, in bf16 autocast for ``bf16-mixed``. Built from
+  the package's primitives (``data.queries.encode_pairs``, ``evaluation.scoring.score_queries``),
+  not from an evaluation step, so it measures the same work while the steps change;
+* :func:`encode_choices`: tokenization alone, :func:`score` ``score_queries`` on those queries,
+  and :func:`device_batches` / :func:`forwards` the model's forwards on batches already on the
+  device;
 * :func:`one_at_a_time`: lm-evaluation-harness with batch size 1 (full-vocabulary logits,
   ``log_softmax``, the sum at the continuation).
 * :func:`batch_layout` counts the forwards and padding a scoring schedule makes;
@@ -21,6 +23,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import _bench
+import _piqa
 
 
 class Clock:
@@ -43,24 +46,39 @@ class Clock:
         return value, time.perf_counter() - begin
 
 
-def run_step(model: Any, examples: list[dict[str, Any]], **options: Any) -> list[dict[str, Any]]:
-    """The predictions step's ``run`` on ``examples`` as the validation split (``batch_size``,
-    ``max_batch_tokens``, ``precision``, ``pack_sequences`` as the step takes them)."""
-    from tango.common.dataset_dict import DatasetDict
+def run_scoring(
+    model: Any,
+    examples: list[dict[str, Any]],
+    *,
+    batch_size: int,
+    precision: str = "32-true",
+    max_batch_tokens: int | None = None,
+    pack_sequences: bool = False,
+) -> list[float]:
+    """Both choices' log-likelihoods of every example (``32-true`` or ``bf16-mixed``)."""
+    import torch
 
-    from tango_fairscale.evaluation.steps import PiqaPredictionsStep
+    from tango_fairscale.evaluation.scoring import score_queries
 
-    dataset = DatasetDict(splits={"validation": examples})
-    return PiqaPredictionsStep().run(
-        model=model, dataset_dict=dataset, split="validation", **options
-    )
+    if precision not in ("32-true", "bf16-mixed"):
+        raise SystemExit(f"scoring precision {precision!r}: use 32-true or bf16-mixed")
+    device = next(model.parameters()).device
+    queries = encode_choices(model, examples)
+    # no_grad, not inference_mode: autocast caches its casts of the weights only under no_grad.
+    autocast = torch.autocast(device.type, torch.bfloat16, enabled=precision == "bf16-mixed")
+    with torch.no_grad(), autocast:
+        scores = score_queries(
+            lambda batch: model(**batch), queries, batch_size=batch_size,
+            pad_token_id=model.pad_token_id, device=device, max_batch_tokens=max_batch_tokens,
+            packed=pack_sequences, progress=False,
+        )  # fmt: skip
+    return _piqa.loglikelihoods(scores)
 
 
 def encode_choices(model: Any, examples: list[dict[str, Any]]) -> list[Any]:
     from tango_fairscale.data.queries import encode_pairs
-    from tango_fairscale.tasks.piqa import choice_pairs
 
-    return encode_pairs(model.tokenizer, choice_pairs(examples), model.max_length)
+    return encode_pairs(model.tokenizer, _piqa.choice_pairs(examples), model.max_length)
 
 
 def score(model: Any, queries: list[Any], batch_size: int, device: Any) -> list[float]:
@@ -70,10 +88,11 @@ def score(model: Any, queries: list[Any], batch_size: int, device: Any) -> list[
     from tango_fairscale.evaluation.scoring import score_queries
 
     with torch.no_grad():
-        return score_queries(
+        scores = score_queries(
             lambda batch: model(**batch), queries, batch_size=batch_size,
             pad_token_id=model.pad_token_id, device=device, progress=False,
         )  # fmt: skip
+    return _piqa.loglikelihoods(scores)
 
 
 def device_batches(model: Any, queries: list[Any], batch_size: int, device: Any) -> list[Any]:

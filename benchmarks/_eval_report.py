@@ -65,13 +65,13 @@ def markdown(report: dict[str, Any]) -> str:
         f"{data.get('mean_tokens_per_query')}, max {data.get('max_tokens_per_query')}). Times: "
         f"fastest of {report['settings']['repeats']} after a warm-up pass, device synchronised.",
         "",
-        f"Tokenization alone (`choice_queries`): {report['tokenize']['warm_s']:.3f} s warm "
+        f"Tokenization alone (`encode_pairs`): {report['tokenize']['warm_s']:.3f} s warm "
         f"({report['tokenize']['queries_per_s_warm']:,.0f} q/s; first call "
         f"{report['tokenize']['first_s']:.3f} s).",
         "",
-        "## `tango_fairscale::piqa_predictions` path, fp32",
+        "## The scoring path, fp32",
         "",
-        "`step`: `PiqaPredictionsStep().run(...)` (tokenize + score); `score only`: "
+        "`step`: the scoring path (tokenize both choices, then `score_queries`); `score only`: "
         "`score_queries` on pre-tokenized queries; `forward only`: the forwards on pre-collated "
         "batches already on the device.",
         "",
@@ -103,7 +103,7 @@ def markdown(report: dict[str, Any]) -> str:
     if variants:
         lines += [
             "",
-            f"## Precision variants, batch {variants[0]['batch_size']} (step path)",
+            f"## Precision variants, batch {variants[0]['batch_size']} (scoring path)",
             "",
             "| variant | step s | step q/s | score only q/s | max abs diff vs fp32 | acc | "
             "acc_norm | predictions changed |",
@@ -120,10 +120,10 @@ def markdown(report: dict[str, Any]) -> str:
         tokenize = report["tokenize"]
         lines += [
             "",
-            f"## Token budgets (step path, batch_size {report['settings']['budget_batch_size']}, "
-            "`max_batch_tokens`)",
+            "## Token budgets (scoring path, batch_size "
+            f"{report['settings']['budget_batch_size']}, `max_batch_tokens`)",
             "",
-            "`padded`: right-padded rows (the step's default); `packed`: `pack_sequences` "
+            "`padded`: right-padded rows (the default); `packed`: `pack_sequences` "
             "(queries end to end, a shared context once). `positions`: "
             "positions fed to the model over all forwards.",
             "",
@@ -154,7 +154,7 @@ def markdown(report: dict[str, Any]) -> str:
             "## Target",
             "",
             f"Target {TARGET_QUERIES_PER_S:,} q/s (the catwalk attempt: ~"
-            f"{EARLIER_QUERIES_PER_S} q/s): fastest step path "
+            f"{EARLIER_QUERIES_PER_S} q/s): fastest scoring path "
             f"{summary['fastest_step_queries_per_s']:,.0f} q/s — {verdict} (factor "
             f"{summary['shortfall_factor']} to go). Best fp32 score-only "
             f"{summary['best_score_only_queries_per_s']:,.0f} q/s, forward-only "
@@ -174,18 +174,18 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def profile_markdown(profiled: dict[str, Any] | None) -> list[str]:
-    """``--profile``: one warm step run under ``torch.profiler``, GPU kernel time by kind."""
+    """``--profile``: one warm run under ``torch.profiler``, GPU kernel time by kind."""
     if not profiled:
         return []
     ms = profiled["gpu_ms"]
     kinds = [k for k in _bench.KERNEL_KIND_NAMES if ms.get(k)]
     return [
         "",
-        f"## Where the step's time goes ({profiled['precision']}, max_batch_tokens "
+        f"## Where the time goes ({profiled['precision']}, max_batch_tokens "
         f"{profiled['max_batch_tokens']}, {profiled['layout']})",
         "",
-        "One warm run of the step under `torch.profiler`: wall ms, GPU kernel ms (busy) and by "
-        "kind; tokenization (before the first forward) from the `choice` timing above.",
+        "One warm run of the scoring path under `torch.profiler`: wall ms, GPU kernel ms (busy) "
+        "and by kind; tokenization alone (it runs before the first forward), timed above.",
         "",
         "| wall ms | busy ms | idle ms | tokenize ms | "
         + " | ".join(f"{k} ms" for k in kinds)

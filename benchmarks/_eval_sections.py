@@ -1,13 +1,13 @@
 """eval_speed.py's sections, in the order they run; each adds its part to the report.
 
-(a) :func:`batch_sizes`: the step path at each ``--batch-sizes`` (fp32), and its parts:
+(a) :func:`batch_sizes`: the scoring path at each ``--batch-sizes`` (fp32), and its parts:
     scoring pre-tokenized queries, and the forwards alone on batches already on the device;
 (b) :func:`single_queries`: one query at a time on the first ``--single-queries`` queries;
-(c) :func:`variants`: fp32 / TF32 / bf16 autocast around the step at the largest batch size,
+(c) :func:`variants`: fp32 / TF32 / bf16 autocast around the path at the largest batch size,
     with their log-likelihood differences and changed predictions;
-(d) :func:`token_budgets`: the step with ``max_batch_tokens`` at ``32-true`` and ``bf16-mixed``
+(d) :func:`token_budgets`: the path with ``max_batch_tokens`` at ``32-true`` and ``bf16-mixed``
     for each layout (padded rows, or packed: ``pack_sequences``);
-(e) :func:`profile`: ``--profile``: one warm step of the first budget in bf16 under the profiler;
+(e) :func:`profile`: ``--profile``: one warm run of the first budget in bf16 under the profiler;
 (f) :func:`tokenizer_threads`: tokenization with the tokenizer's thread pool against without.
 
 Times are the fastest of ``--repeats`` after a warm-up; sections past ``--budget-s`` are skipped
@@ -24,6 +24,7 @@ from typing import Any
 
 import _bench
 import _eval_paths as paths
+import _piqa
 
 
 @dataclass
@@ -48,17 +49,16 @@ class Run:
     def note(self, text: str) -> None:
         self.report["notes"].append(text)
 
-    def step(self, **options: Any) -> list[dict[str, Any]]:
-        return paths.run_step(self.model, self.examples, **options)
+    def step(self, **options: Any) -> list[float]:
+        return paths.run_scoring(self.model, self.examples, **options)
+
+    def metrics(self, scores: list[float]) -> dict[str, float]:
+        return _piqa.accuracy(self.examples, scores)
 
     def reference(self) -> list[float]:
         if self.reference_scores is None:
             raise SystemExit("section (a) runs first: --batch-sizes needs at least one size")
         return self.reference_scores
-
-
-def scores_of(predictions: list[dict[str, Any]]) -> list[float]:
-    return [ll for p in predictions for ll in p["loglikelihoods"]]
 
 
 def largest_diff(a: list[float], b: list[float]) -> float:
@@ -69,7 +69,6 @@ def batch_sizes(run: Run, sizes: list[int]) -> None:
     import torch
 
     from tango_fairscale.data.schedules import scoring_batches
-    from tango_fairscale.tasks.piqa import metrics_from_predictions
 
     n = len(run.queries)
     run.report["batch_sizes"] = []
@@ -77,17 +76,16 @@ def batch_sizes(run: Run, sizes: list[int]) -> None:
         if run.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(run.device)
         step_times = []
-        predictions: list[dict[str, Any]] = []
+        scores: list[float] = []
         for repeat in range(run.args.repeats):
             if repeat and run.over_budget(reserve=30):
                 run.note(f"batch {bs}: repeats cut at {repeat} (budget)")
                 break
-            predictions, seconds = run.clock.time(functools.partial(run.step, batch_size=bs))
+            scores, seconds = run.clock.time(functools.partial(run.step, batch_size=bs))
             step_times.append(seconds)
-        scores = scores_of(predictions)
         if run.reference_scores is None:
             run.reference_scores = scores
-        metrics = metrics_from_predictions(predictions)
+        metrics = run.metrics(scores)
         score = functools.partial(paths.score, run.model, run.queries, bs, run.device)
         score_times = [run.clock.time(score)[1] for _ in range(max(1, min(run.args.repeats, 2)))]
         batches = paths.device_batches(run.model, run.queries, bs, run.device)
@@ -132,8 +130,6 @@ def single_queries(run: Run) -> None:
 
 
 def variants(run: Run, names: list[str], batch_size: int) -> None:
-    from tango_fairscale.tasks.piqa import metrics_from_predictions
-
     n = len(run.queries)
     reference = run.reference()
     run.report["variants"] = []
@@ -144,15 +140,14 @@ def variants(run: Run, names: list[str], batch_size: int) -> None:
         with paths.variant_context(variant, run.device):
             paths.score(run.model, run.queries, batch_size, run.device)  # warm-up (new kernels)
             times = []
-            predictions: list[dict[str, Any]] = []
+            scores: list[float] = []
             for _ in range(max(1, min(run.args.repeats, 2))):
-                predictions, seconds = run.clock.time(lambda: run.step(batch_size=batch_size))
+                scores, seconds = run.clock.time(lambda: run.step(batch_size=batch_size))
                 times.append(seconds)
             _, score_s = run.clock.time(
                 lambda: paths.score(run.model, run.queries, batch_size, run.device)
             )
-        scores = scores_of(predictions)
-        metrics = metrics_from_predictions(predictions)
+        metrics = run.metrics(scores)
         choices = [int(a < b) for a, b in zip(scores[::2], scores[1::2])]
         reference_choices = [int(a < b) for a, b in zip(reference[::2], reference[1::2])]
         entry = {
@@ -171,8 +166,6 @@ def variants(run: Run, names: list[str], batch_size: int) -> None:
 
 
 def token_budgets(run: Run, budgets: list[int], layouts: list[str], batch_size: int) -> None:
-    from tango_fairscale.tasks.piqa import metrics_from_predictions
-
     n = len(run.queries)
     run.report["token_budgets"] = []
     for precision in ("32-true", "bf16-mixed"):
@@ -190,11 +183,11 @@ def token_budgets(run: Run, budgets: list[int], layouts: list[str], batch_size: 
                 )
                 step()  # warm-up
                 times = []
-                predictions: list[dict[str, Any]] = []
+                scores: list[float] = []
                 for _ in range(max(1, run.args.repeats)):
-                    predictions, seconds = run.clock.time(step)
+                    scores, seconds = run.clock.time(step)
                     times.append(seconds)
-                metrics = metrics_from_predictions(predictions)
+                metrics = run.metrics(scores)
                 layout_counts = paths.batch_layout(
                     run.queries, batch_size, budget, layout == "packed", run.model.pad_token_id
                 )
@@ -207,7 +200,7 @@ def token_budgets(run: Run, budgets: list[int], layouts: list[str], batch_size: 
                     "layout": layout,
                     **layout_counts,
                     "step_queries_per_s": round(n / min(times), 1),
-                    "max_abs_diff_vs_fp32": largest_diff(scores_of(predictions), run.reference()),
+                    "max_abs_diff_vs_fp32": largest_diff(scores, run.reference()),
                 }
                 run.report["token_budgets"].append(entry)
                 progress(f"budget {budget} {precision} {layout}", entry)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import _bench
+import _piqa
 import _train_configs
 import _train_profile
 
@@ -174,11 +175,10 @@ def piqa_batches(engine: Any, spec: dict[str, Any], rank: int) -> Callable[[int]
     """As the training step: tokenize before the loop, build each step's batch inside it."""
     from tango_fairscale.data.batches import training_batch
     from tango_fairscale.data.queries import encode_pairs
-    from tango_fairscale.tasks.piqa import training_pairs
 
     wrapped = engine.wrapped_model
     step_queries = [
-        encode_pairs(wrapped.tokenizer, training_pairs(examples), wrapped.max_length)
+        encode_pairs(wrapped.tokenizer, _piqa.training_pairs(examples), wrapped.max_length)
         for examples in spec["piqa_batches"][rank]
     ]
     pad_token_id, max_length = wrapped.pad_token_id, wrapped.max_length

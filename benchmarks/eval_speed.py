@@ -5,21 +5,22 @@ GPT-2-shaped model (no pretrained weights offline: speed does not depend on the 
 measures, after a warm-up pass (sections in ``_eval_sections.py``, the measured calls in
 ``_eval_paths.py``, the Markdown in ``_eval_report.py``):
 
-* **step path**: the cached predictions step's own ``run`` at each ``--batch-sizes`` (tokenize
-  both choices of every example, then score: length-sorted right-padded batches, one forward
-  each); wall time and queries/s (the fastest of ``--repeats``); and its parts: tokenization
-  alone, scoring pre-tokenized queries (collate + copy + forward + ``.cpu()``), and the forwards
-  alone on pre-collated batches already on the device (an upper bound for this model);
+* **the scoring path** (``step`` in the JSON) as the package's evaluation runs it, at each
+  ``--batch-sizes``: both choices of every example encoded as lm-eval encodes them, then scored
+  by ``score_queries`` (length-sorted right-padded batches, one forward each); wall time and
+  queries/s (the fastest of ``--repeats``); and its parts: tokenization alone, scoring
+  pre-tokenized queries (collate + copy + forward + ``.cpu()``), and the forwards alone on
+  pre-collated batches already on the device (an upper bound for this model);
 * **one query at a time** (lm-evaluation-harness with batch size 1: full-vocabulary logits,
   ``log_softmax``, sum at the continuation) on the first ``--single-queries`` queries;
-* **precision variants** at the largest batch size: fp32 (the step's default), TF32 matmuls
-  (GPU only) and ``torch.autocast(bfloat16)`` around the step; each with its largest absolute
+* **precision variants** at the largest batch size: fp32 (the default), TF32 matmuls
+  (GPU only) and ``torch.autocast(bfloat16)`` around the path; each with its largest absolute
   log-likelihood difference from fp32, its ``acc`` / ``acc_norm`` and how many predictions change;
-* **token budgets**: the step with ``batch_size`` ``--budget-batch-size`` and each
+* **token budgets**: the path with ``batch_size`` ``--budget-batch-size`` and each
   ``--token-budgets`` value as ``max_batch_tokens``, at ``32-true`` and ``bf16-mixed`` (the
-  step's own ``precision``), for each ``--layouts``: ``padded`` (right-padded rows) and
+  evaluation's ``precision``), for each ``--layouts``: ``padded`` (right-padded rows) and
   ``packed`` (``pack_sequences``: queries end to end, a shared context once);
-* ``--profile``: one more bf16 step under ``torch.profiler`` (GPU kernel time by kind);
+* ``--profile``: one more bf16 run under ``torch.profiler`` (GPU kernel time by kind);
 * tokenization with the tokenizer's thread pool on (``TOKENIZERS_PARALLELISM=true``) and off.
 
 The target is 20,000 queries/s for 124M on one H200; the report states the gap.
@@ -49,6 +50,7 @@ _bench.setup_paths()
 import _eval_paths  # noqa: E402
 import _eval_report  # noqa: E402
 import _eval_sections as sections  # noqa: E402
+import _piqa  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -72,7 +74,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--profile",
         action="store_true",
-        help="one more step run (bf16-mixed, the first token budget and layout) under "
+        help="one more run (bf16-mixed, the first token budget and layout) under "
         "torch.profiler: GPU kernel time by kind against wall time (GPU only)",
     )
     parser.add_argument("--seed", type=int, default=0)
@@ -111,7 +113,6 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from tango_fairscale.model.causal_lm import ModelWrapper
-    from tango_fairscale.tasks.piqa import read_piqa
 
     started = time.perf_counter()
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
@@ -122,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         variants = [v for v in variants if v != "tf32"]
     budgets = [int(b) for b in args.token_budgets.split(",") if b]
 
-    examples = list(read_piqa(args.piqa, limit=args.examples)["validation"])
+    examples = _piqa.examples(args.piqa, "validation", args.examples)
     model_config = _bench.gpt2_config(args.shape)
     with torch.device(device):
         model, build_s = clock.time(
@@ -158,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         "scored_tokens": sum(q.continuation_length for q in queries),
         "mean_tokens_per_query": round(sum(lengths) / len(queries), 1),
         "max_tokens_per_query": max(lengths),
-        # Sections (a)-(c) score right-padded rows, the step's default; (d) compares layouts.
+        # Sections (a)-(c) score right-padded rows, the default; (d) compares layouts.
         "packed": False,
         "padding_fraction_by_batch_size": {
             str(bs): _eval_paths.batch_layout(queries, bs, None, False, model.pad_token_id)[

@@ -54,6 +54,7 @@ import _bench  # noqa: E402
 
 _bench.setup_paths()
 
+import _piqa  # noqa: E402
 import _train_compare  # noqa: E402
 import _train_configs  # noqa: E402
 import _train_launch  # noqa: E402
@@ -202,9 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--tokenizer {tokenizer} is not a directory (GPT-2 tokenizer files)")
     train_examples = None
     if args.data == "piqa":
-        from tango_fairscale.tasks.piqa import read_piqa
-
-        train_examples = list(read_piqa(args.piqa)["train"])
+        train_examples = _piqa.examples(args.piqa, "train")
     cuda = torch.cuda.is_available()
     gpus = torch.cuda.device_count() if cuda else 0
     stage_devices = _train_configs.pipe_devices(args.pipe_devices, cuda, gpus)
