@@ -70,7 +70,7 @@ def weights(name):
     return load_file(found[0]) if found else None
 
 def metrics(name):
-    found = glob.glob(f"/tmp/ws-{name}/cache/PiqaMetricsStep-*/data.json")
+    found = glob.glob(f"/tmp/ws-{name}/cache/*MetricsStep-*/data.json")
     return json.load(open(found[0])) if found else None
 
 pairs = {"nodes-fsdp2": "single-fsdp2", "nodes-fsdp2-hybrid": "single-fsdp2",
