@@ -24,6 +24,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _index_figures import FIGURES, results_table_figure  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 RUNNER = HERE / "gpu.sh"
@@ -120,140 +123,6 @@ def suites() -> dict[str, str]:
             name, _gpus, _seconds, target = (part.strip() for part in line[3:].split("|", 3))
             found[name] = target
     return found
-
-
-# --- key figures, by what wrote the result -------------------------------------------------------
-
-
-def train_speed_figure(data: dict[str, Any]) -> str:
-    rows = [r for r in data.get("results", []) if "error" not in r]
-    checks = [c for c in data.get("target_checks") or [] if c.get("status") == "measured"]
-    if checks:
-        return "; ".join(
-            f"`{c['target']}` vs `{c['compare_to']}`, {c['world_size']} GPU(s): memory "
-            f"{times(c['peak_allocated_ratio'])}, throughput {times(c['tokens_per_s_ratio'])}"
-            for c in checks
-        )
-    pipes = [e for e in data.get("pipe_analysis") or [] if e.get("measured_efficiency")]
-    if pipes:
-        best = max(pipes, key=lambda e: e["measured_efficiency"])
-        return (
-            f"{best['shape']} `{best['config']}`: efficiency {best['measured_efficiency']:.2f} "
-            f"of {best['stages']} GPUs, largest device "
-            f"{times(best.get('max_device_peak_allocated_vs_single'))} one GPU's memory"
-        )
-    parts = []
-    for shape in dict.fromkeys(r["shape"] for r in rows):
-        group = [r for r in rows if r["shape"] == shape]
-        if data.get("settings", {}).get("data") == "piqa":
-            best = max(group, key=lambda r: r.get("tokens_per_s_vs_compare") or 0)
-            parts.append(
-                f"{shape}: `{best['config']}` {best.get('tokens_per_s_vs_compare') or 0:.2f}x "
-                f"`{best.get('compare_to')}` tokens/s"
-            )
-            continue
-        best = max(group, key=lambda r: r.get("mfu") or 0)
-        text = f"{shape}: `{best['config']}` {100 * best['mfu']:.1f} % MFU"
-        if best.get("tokens_per_s_vs_baseline") and best.get("baseline") != best["config"]:
-            text += f" ({best['tokens_per_s_vs_baseline']:.2f}x `{best['baseline']}`)"
-        parts.append(text + fairscale_vs_fsdp2(group))
-    return "; ".join(parts) or "no configuration measured"
-
-
-def times(ratio: float | None) -> str:
-    return "–" if ratio is None else f"{ratio:.2f}x"
-
-
-def fairscale_vs_fsdp2(rows: list[dict[str, Any]]) -> str:
-    """``, FairScale/FSDP2 1.02x`` when both engines ran the same settings."""
-    by_config = {r["config"]: r for r in rows}
-    for config, row in by_config.items():
-        if config.startswith("fairscale-"):
-            other = by_config.get("fsdp2-" + config[len("fairscale-") :])
-            if other and other.get("tokens_per_s_per_gpu"):
-                ratio = row["tokens_per_s_per_gpu"] / other["tokens_per_s_per_gpu"]
-                return f", FairScale/FSDP2 {ratio:.2f}x"
-    return ""
-
-
-def eval_speed_figure(data: dict[str, Any]) -> str:
-    entries = [("fp32, batch " + str(r["batch_size"]), r) for r in data.get("batch_sizes") or []]
-    entries += [(r["variant"], r) for r in data.get("variants") or []]
-    entries += [
-        (f"{r['precision']}, {r['max_batch_tokens']} tokens, {r.get('layout', 'padded')}", r)
-        for r in data.get("token_budgets") or []
-    ]
-    if not entries:
-        return "nothing measured"
-    label, best = max(entries, key=lambda e: e[1]["step_queries_per_s"])
-    return f"{best['step_queries_per_s']:,.0f} queries/s ({label})"
-
-
-def precision_figure(data: dict[str, Any]) -> str:
-    comparison = data.get("comparison") or {}
-    window = (data.get("settings") or {}).get("final_window")
-    parts = [
-        f"{name} {100 * c['rel_diff_final_loss']:.2f} % at the last step "
-        f"({100 * c[f'rel_diff_mean_last_{window}']:.2f} % over the last {window})"
-        for name, c in comparison.items()
-        if isinstance(c, dict)
-    ]
-    runs = [r for r in data.get("runs", []) if "error" not in r]
-    nonfinite = any(r.get("any_nonfinite") for r in runs)
-    skipped = sum(r.get("num_skipped_steps") or 0 for r in runs)
-    return (
-        "final loss vs fp32: " + ", ".join(parts)
-        + f"; {'non-finite losses' if nonfinite else 'no non-finite loss'}, {skipped} skipped"
-    )  # fmt: skip
-
-
-def max_model_figure(data: dict[str, Any]) -> str:
-    parts = []
-    for world in sorted({s["world_size"] for s in data.get("searches", [])}):
-        trained = [
-            s for s in data["searches"] if s["world_size"] == world and s["largest_trained_params"]
-        ]
-        if trained:
-            best = max(trained, key=lambda s: s["largest_trained_params"])
-            parts.append(
-                f"{world} GPU(s): {best['largest_trained_params'] / 1e9:.2f}B (`{best['config']}`)"
-            )
-    return "; ".join(parts) or "nothing trained"
-
-
-def multinode_figure(data: dict[str, Any]) -> str:
-    diffs = [r.get("max_abs_weight_diff") for r in data.get("runs", [])]
-    measured = [d for d in diffs if d is not None]
-    if not measured:
-        return "no weights compared"
-    return f"largest weight difference to one node: {max(measured):g} ({len(measured)} launches)"
-
-
-FIGURES = {
-    "train_speed": train_speed_figure,
-    "eval_speed": eval_speed_figure,
-    "precision_run": precision_figure,
-    "max_model": max_model_figure,
-    "multinode": multinode_figure,
-}
-
-
-def results_table_figure(text: str) -> str | None:
-    """``tango-fairscale results``' table (the e2e suite): acc per run."""
-    lines = text.splitlines()
-    header = next((i for i, line in enumerate(lines) if line.startswith("run ")), None)
-    if header is None:
-        return None
-    names = re.split(r"\s{2,}", lines[header].strip())  # values hold single spaces ("0.5 ± 0.1")
-    if "acc" not in names:
-        return None
-    accs = []
-    for line in lines[header + 2 :]:
-        cells = re.split(r"\s{2,}", line.strip())
-        if len(cells) != len(names):
-            break
-        accs.append(f"{cells[0]} {cells[names.index('acc')].split()[0]}")
-    return "acc " + ", ".join(accs) if accs else None
 
 
 # --- one row per result ----------------------------------------------------------------------
