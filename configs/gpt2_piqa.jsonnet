@@ -1,4 +1,4 @@
-// Fine-tune a causal LM on PIQA and evaluate it the way lm-evaluation-harness's `piqa` task does.
+// Fine-tune a causal LM on PIQA and evaluate it with lm-evaluation-harness's `piqa` task.
 //
 //   tango run configs/gpt2_piqa.jsonnet -w workspace -D device_count=2
 //
@@ -16,8 +16,9 @@
 //   validate_every steps between in-training PIQA validation accuracies                    500
 //   limit          at most this many examples per split; 0 = all                            0
 //
-// Steps: `piqa` (data), `trained_model` (absent when train_steps=0), `predictions` and `metrics`
-// (validation split: acc, acc_norm, their standard errors, num_examples).
+// Steps: `piqa` (the official files' documents), `trained_model` (absent when train_steps=0),
+// `predictions` (lm-eval's `piqa` task scored: requests, log-likelihoods, lm-eval's results) and
+// `metrics` (acc, acc_norm, their standard errors, num_examples of the validation split).
 local engines = import 'lib/engines.libsonnet';
 
 // `-D name=value` values arrive as strings: check them here so that a bad one is named.
@@ -49,6 +50,9 @@ assert limit >= 0 : 'limit must be 0 (all examples) or positive, got %d' % limit
 assert !(std.extVar('engine') == 'pipe' && int('device_count') > 1) :
        "engine 'pipe' drives all its devices from one process: set -D device_count=1";
 
+// lm-eval's `piqa` task (its prompts, choices and metrics) over the official files' documents.
+local piqa = { name: 'piqa', dataset: ref('piqa') };
+
 {
   steps: {
     piqa: {
@@ -59,9 +63,8 @@ assert !(std.extVar('engine') == 'pipe' && int('device_count') > 1) :
     [if train_steps > 0 then 'trained_model']: {
       type: 'tango_fairscale::train',
       model: model,
-      engine: engines.engine(std.extVar('engine'), std.extVar('precision'),
-                             lr),
-      dataset_dict: ref('piqa'),
+      engine: engines.engine(std.extVar('engine'), std.extVar('precision'), lr),
+      task: piqa,
       train_steps: train_steps,
       batch_size: int('batch_size'),
       seed: int('seed'),
@@ -72,19 +75,14 @@ assert !(std.extVar('engine') == 'pipe' && int('device_count') > 1) :
       pack_sequences: std.extVar('engine') != 'pipe',
     },
     predictions: {
-      type: 'tango_fairscale::piqa_predictions',
+      type: 'tango_fairscale::task_scores',
       model: if train_steps > 0 then ref('trained_model') else model,
-      dataset_dict: ref('piqa'),
-      split: 'validation',
-      // Speed only (not in the cache key): length-sorted batches of at most 16k tokens, packed
-      // (an example's context once for both choices).
-      batch_size: 256,
-      max_batch_tokens: 16384,
-      pack_sequences: true,
+      task: piqa,
+      precision: std.extVar('precision'),
     },
     metrics: {
-      type: 'tango_fairscale::piqa_metrics',
-      predictions: ref('predictions'),
+      type: 'tango_fairscale::task_metrics',
+      scores: [ref('predictions')],
     },
   },
 }

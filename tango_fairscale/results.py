@@ -51,7 +51,7 @@ TRAIN_STEP = "trained_model"
 """Name of the training step in the config (absent when ``train_steps=0``)."""
 
 _TRAIN_TYPE = "tango_fairscale::train"
-_PREDICTIONS_TYPE = "tango_fairscale::piqa_predictions"
+_PREDICTIONS_TYPE = "tango_fairscale::task_scores"
 _PREFIX = "tango_fairscale::"
 # Workspace types registered by Tango's integrations when they are imported.
 _INTEGRATION_WORKSPACES = {"beaker", "gs", "wandb"}

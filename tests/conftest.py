@@ -77,6 +77,19 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path
 
 
 @pytest.fixture(scope="session")
+def hflm(tiny_model_dir: Path):
+    """lm-evaluation-harness's own HF backend over the tiny model, in fp32 on the CPU: the
+    reference the package's encoding and scores must equal. ``logits_cache=False``: its one-token
+    cache returns the leading positions' log-probabilities for a request whose continuation is
+    shorter than another's with the same ``context + continuation[:-1]`` (winogrande does this)."""
+    from lm_eval.models.huggingface import HFLM
+
+    return HFLM(
+        pretrained=str(tiny_model_dir), device="cpu", dtype="float32", logits_cache=False
+    )
+
+
+@pytest.fixture(scope="session")
 def piqa_small(piqa_dir: Path):
     """The first 64 examples of each PIQA split."""
     from tango_fairscale.tasks.piqa import read_piqa
@@ -104,17 +117,19 @@ def train_tiny(
     step_options: dict | None = None,
     **engine_params,
 ):
-    """Run the real training step (spawning ``device_count`` processes) and return its model."""
+    """Run the real training step (spawning ``device_count`` processes) and return its model:
+    lm-eval's ``piqa`` over ``dataset_dict``'s documents, validated on its validation split."""
     from tango.common import Lazy, Params
     from tango.integrations.torch import Model, TrainingEngine
     from tango.workspaces import LocalWorkspace
 
+    from tango_fairscale.tasks.lm_eval import TaskSpec
     from tango_fairscale.train.step import TrainStep
 
     step = TrainStep(
         model=Lazy(Model, Params({"type": "tango_fairscale::causal_lm", "model": str(model_dir)})),
         engine=Lazy(TrainingEngine, Params(engine_config(engine, **engine_params))),
-        dataset_dict=dataset_dict,
+        task=TaskSpec(name="piqa", dataset=dataset_dict),
         train_steps=train_steps,
         batch_size=8,
         device_count=device_count,
@@ -141,6 +156,7 @@ def train_in(
     from tango.integrations.torch import Model, TrainConfig, TrainingEngine
 
     from tango_fairscale.runtime.process_group import free_port
+    from tango_fairscale.tasks.lm_eval import TaskSpec, load_tasks, training_pairs
     from tango_fairscale.train.loop import TrainPlan
     from tango_fairscale.train.step import run_training
 
@@ -150,7 +166,6 @@ def train_in(
         train_steps=train_steps,
         checkpoint_every=5,
         validate_every=10,
-        validation_split="validation",
         log_every=1,
         is_distributed=device_count > 1,
         devices=[-1] * device_count,
@@ -159,7 +174,9 @@ def train_in(
     )
     model = Lazy(Model, Params({"type": "tango_fairscale::causal_lm", "model": str(model_dir)}))
     engine_lazy = Lazy(TrainingEngine, Params(engine_config(engine, **engine_params)))
-    run_training(TrainPlan(config, model, engine_lazy, dataset_dict, 8, 32))
+    task = TaskSpec(name="piqa", dataset=dataset_dict)
+    pairs = training_pairs(load_tasks(task)["tasks"]["piqa"], "piqa")
+    run_training(TrainPlan(config, model, engine_lazy, pairs, [task], 8, 32))
 
 
 def assert_same_training(reference, candidate_log, candidate_state) -> None:
@@ -226,17 +243,36 @@ def make_piqa_dir(directory: Path, overrides: Mapping[str, str | None] | None = 
 # PIQA token queries --------------------------------------------------------------------------
 
 
-def choice_queries(examples, tokenizer, max_length: int):
-    """Both choices of every PIQA example, encoded as the predictions step encodes them."""
-    from tango_fairscale.data.queries import encode_pairs
-    from tango_fairscale.tasks.piqa import choice_pairs
+def piqa_task(examples, split: str = "validation"):
+    """lm-eval's ``piqa`` task over ``examples`` (PIQA dicts) as its ``split``."""
+    from tango.common.dataset_dict import DatasetDict
 
-    return encode_pairs(tokenizer, choice_pairs(examples), max_length)
+    from tango_fairscale.tasks.lm_eval import TaskSpec, load_tasks
+
+    other = "train" if split == "validation" else "validation"
+    dataset = DatasetDict(splits={split: list(examples), other: list(examples)[:1]})
+    return load_tasks(TaskSpec(name="piqa", dataset=dataset))["tasks"]["piqa"]
+
+
+def choice_queries(examples, tokenizer, max_length: int):
+    """Both choices of every PIQA example, as lm-eval's ``piqa`` task asks for them, encoded."""
+    from tango_fairscale.data.queries import encode_pairs
+
+    task = piqa_task(examples)
+    pairs = [
+        request.args
+        for doc_id, doc in enumerate(task.validation_docs())
+        for request in task.construct_requests(
+            doc=doc, ctx=task.fewshot_context(doc, 0), metadata=("piqa", doc_id, 1)
+        )
+    ]
+    return encode_pairs(tokenizer, pairs, max_length)
 
 
 def training_queries(examples, tokenizer, max_length: int):
     """The correct choice of every labelled PIQA example, as the training step encodes them."""
     from tango_fairscale.data.queries import encode_pairs
-    from tango_fairscale.tasks.piqa import training_pairs
+    from tango_fairscale.tasks.lm_eval import training_pairs
 
-    return encode_pairs(tokenizer, training_pairs(examples), max_length)
+    pairs = training_pairs(piqa_task(examples, split="train"), "piqa")
+    return encode_pairs(tokenizer, pairs, max_length)

@@ -8,7 +8,7 @@ process uses one intra-op thread (as ``torchrun`` sets), so concurrent runs do n
 the CPU.
 
 * evaluation only (``train_steps=0``) of a tiny seeded GPT-2 on all 1,838 PIQA validation
-  examples equals a from-scratch implementation of lm-eval's ``piqa`` task written here;
+  examples equals lm-evaluation-harness's own ``piqa`` task with its HF backend, per example;
 * 20 steps of 2-process DDP training on CPU (gloo) lower the loss and validate at steps 10 and
   20; the identical command again reuses every cached step;
 * unknown engine, planned-but-missing engine and unknown model path fail with one clear line.
@@ -105,10 +105,20 @@ class TangoRun:
 
 
 @pytest.fixture(scope="module")
+def wide_model_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> Path:
+    """The tiny GPT-2 with 256 positions: lm-eval's HF backend refuses a continuation longer
+    than the window, and PIQA's longest is 246 tokens (contexts are still left-truncated)."""
+    from conftest import save_tiny_gpt2
+
+    return save_tiny_gpt2(tmp_path_factory.mktemp("wide-gpt2"), tokenizer_dir, n_positions=256)
+
+
+@pytest.fixture(scope="module")
 def runs(
     request: pytest.FixtureRequest,
     tmp_path_factory: pytest.TempPathFactory,
     tiny_model_dir: Path,
+    wide_model_dir: Path,
     piqa_dir: Path,
 ) -> Iterator[dict[str, TangoRun]]:
     root = tmp_path_factory.mktemp("tango-runs")
@@ -118,7 +128,7 @@ def runs(
         return TangoRun(name, root / (workspace or name), defines, root / f"{name}.log")
 
     started = {
-        "evaluate": run("evaluate", model, data, "train_steps=0"),
+        "evaluate": run("evaluate", f"model={wide_model_dir}", data, "train_steps=0"),
         "train": run("train", model, data, *TRAIN_DEFINES, workspace="train-ws"),
         "bogus_engine": run("bogus_engine", model, data, "engine=bogus", "train_steps=5"),
         "no_model": run("no_model", "model=/nonexistent/dir", data, "train_steps=0"),
@@ -185,84 +195,77 @@ def test_unknown_model_path_is_one_line(runs: dict[str, TangoRun]) -> None:
 # a. Evaluation equals lm-eval's piqa -------------------------------------------------------------
 
 
-def lm_eval_piqa(model_dir: Path, piqa_dir: Path) -> dict[str, Any]:
-    """lm-evaluation-harness's ``piqa`` task with ``HFLM``, one query at a time, from scratch.
-
-    Context ``"Question: {goal}\\nAnswer:"``, continuations ``" " + sol``; ``_encode_pair``;
-    input ``(context_enc + continuation_enc)[-(max_length + 1):][:-1]``; the continuation's
-    log-probabilities from ``log_softmax(model(input_ids).logits)``; ``acc`` = ``np.argmax`` of the
-    sums, ``acc_norm`` = ``np.argmax`` of sum / ``len(sol)``.
-    """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
-    max_length = model.config.n_positions  # HFLM.max_length reads n_positions first
-
-    def tok_encode(text: str) -> list[int]:
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-    def loglikelihood(context: str, continuation: str) -> float:
-        n_spaces = len(context) - len(context.rstrip())
-        if n_spaces > 0:
-            continuation = context[-n_spaces:] + continuation
-            context = context[:-n_spaces]
-        whole_enc = tok_encode(context + continuation)
-        context_enc = tok_encode(context)
-        continuation_enc = whole_enc[len(context_enc) :]
-        inp = (context_enc + continuation_enc)[-(max_length + 1) :][:-1]
-        # lm-eval asserts len(continuation_enc) <= max_length; the 128-position tiny model sees
-        # longer PIQA continuations, scored (as the package documents) on the predictable tokens.
-        contlen = min(len(continuation_enc), len(inp))
-        cont_toks = torch.tensor(continuation_enc[-contlen:])
-        with torch.no_grad():
-            logits = torch.log_softmax(model(torch.tensor([inp])).logits, dim=-1)[0]
-        logits = logits[len(inp) - contlen : len(inp)]
-        return float(logits.gather(1, cont_toks[:, None]).sum())
+def lm_eval_piqa(model_dir: Path, piqa_dir: Path, tmp_path: Path) -> dict[str, Any]:
+    """lm-evaluation-harness itself: its ``piqa`` task and HF backend (fp32, CPU) over the
+    official validation files, written in the hub dataset's schema (``goal``, ``sol1``,
+    ``sol2``, ``label``)."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+    from lm_eval.tasks._yaml_loader import load_yaml
 
     lines = (piqa_dir / "valid.jsonl").read_text(encoding="utf-8").splitlines()
     golds = [int(label) for label in (piqa_dir / "valid-labels.lst").read_text().split()]
-    lls, accs, acc_norms = [], [], []
-    for line, gold in zip(lines, golds, strict=True):
-        doc = json.loads(line)
-        context = f"Question: {doc['goal']}\nAnswer:"
-        choices = [doc["sol1"], doc["sol2"]]
-        example_lls = np.array([loglikelihood(context, " " + choice) for choice in choices])
-        completion_len = np.array([float(len(choice)) for choice in choices])
-        accs.append(1.0 if np.argmax(example_lls) == gold else 0.0)
-        acc_norms.append(1.0 if np.argmax(example_lls / completion_len) == gold else 0.0)
-        lls.append(example_lls.tolist())
-    return {
-        "acc": sum(accs) / len(accs),
-        "acc_norm": sum(acc_norms) / len(acc_norms),
-        "num_examples": len(accs),
-        "loglikelihoods": lls,
-    }
+    rows = [{**json.loads(line), "label": gold} for line, gold in zip(lines, golds, strict=True)]
+    validation = tmp_path / "validation.jsonl"
+    validation.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+    config = load_yaml(
+        Path(lm_eval.tasks.__file__).parent / "piqa" / "piqa.yaml", resolve_func=True
+    )
+    config.update(
+        dataset_path="json",
+        dataset_name=None,
+        dataset_kwargs={"data_files": {"validation": str(validation)}},
+        training_split=None,
+    )
+    # logits_cache=False: the true log-likelihoods (see tests/evaluation/test_lm_eval_exact.py).
+    return lm_eval.simple_evaluate(
+        model="hf",
+        model_args=f"pretrained={model_dir},dtype=float32,logits_cache=False",
+        tasks=[config],
+        task_manager=TaskManager(include_defaults=False),
+        device="cpu",
+        batch_size=32,
+        log_samples=True,
+    )
 
 
 def test_evaluation_equals_lm_eval_piqa(
-    runs: dict[str, TangoRun], tiny_model_dir: Path, piqa_dir: Path
+    runs: dict[str, TangoRun], wide_model_dir: Path, piqa_dir: Path, tmp_path: Path
 ) -> None:
+    """``train_steps=0`` on all 1,838 official validation examples: the same requests, scores
+    within 1e-4 (plus 1e-6 relative) and the same predictions and metrics as lm-eval's own
+    ``piqa`` with its HF backend — so the official files' reader and the lm-eval task path
+    agree with it."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the tango runs use the other core(s) meanwhile
     try:
-        reference = lm_eval_piqa(tiny_model_dir, piqa_dir)
+        reference = lm_eval_piqa(wide_model_dir, piqa_dir, tmp_path)
     finally:
         torch.set_num_threads(threads)
-    assert reference["num_examples"] == NUM_VALIDATION
+    expected = {sample["doc_id"]: sample for sample in reference["samples"]["piqa"]}
+    assert len(expected) == NUM_VALIDATION
 
     output = runs["evaluate"].succeeded()
     assert "trained_model" not in output  # train_steps=0: no training step
     metrics = result(runs["evaluate"], "metrics")
     assert metrics["num_examples"] == NUM_VALIDATION
-    predictions = result(runs["evaluate"], "predictions")
-    assert len(predictions) == NUM_VALIDATION
-    got = np.array([p["loglikelihoods"] for p in predictions])
-    want = np.array(reference["loglikelihoods"])
-    worst = float(np.abs(got - want).max())
-    assert np.allclose(got, want, rtol=1e-5, atol=1e-3), f"max |Δ loglikelihood| = {worst}"
-    assert metrics["acc"] == reference["acc"], (metrics, reference["acc"])
-    assert metrics["acc_norm"] == reference["acc_norm"], (metrics, reference["acc_norm"])
+    samples = result(runs["evaluate"], "predictions")["samples"]["piqa"]
+    assert len(samples) == NUM_VALIDATION
+    got, want = [], []
+    for sample in samples:
+        reference_sample = expected[sample["doc_id"]]
+        assert sample["arguments"] == [list(a) for a in reference_sample["arguments"]]
+        assert (sample["acc"], sample["acc_norm"]) == (
+            reference_sample["acc"],
+            reference_sample["acc_norm"],
+        )
+        got += [resp[0][0] for resp in sample["resps"]]
+        want += [resp[0][0] for resp in reference_sample["resps"]]
+    # Within 1e-4 plus fp32's rounding of sums over up to 246 tokens (~1e-6 relative).
+    worst = float(np.abs(np.array(got) - np.array(want)).max())
+    assert np.allclose(got, want, rtol=1e-6, atol=1e-4), f"max |Δ loglikelihood| = {worst}"
+    for metric in ("acc", "acc_norm", "acc_stderr", "acc_norm_stderr"):
+        assert metrics[metric] == pytest.approx(reference["results"]["piqa"][f"{metric},none"])
 
 
 # b. Training on CPU with 2 processes, then the cached rerun -------------------------------------

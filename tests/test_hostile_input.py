@@ -28,10 +28,11 @@ from tango.common.dataset_dict import DatasetDict
 from tango.common.exceptions import ConfigurationError
 from tango.integrations.torch import Model, TrainConfig, TrainingEngine
 
-from tango_fairscale.evaluation.steps import PiqaMetricsStep, PiqaPredictionsStep
+from tango_fairscale.evaluation.steps import TaskMetricsStep, TaskScoresStep
 from tango_fairscale.model.causal_lm import ModelWrapper
 from tango_fairscale.parallel.precision import resolve_precision
 from tango_fairscale.parallel.sharding import ShardingConfig
+from tango_fairscale.tasks.lm_eval import TaskSpec
 from tango_fairscale.tasks.piqa import MAX_LINE_BYTES, PiqaFormatError, read_piqa
 from tango_fairscale.train.step import TrainStep
 
@@ -68,6 +69,11 @@ def build_engine(engine: dict[str, Any], tmp_path: Path) -> Any:
     )
 
 
+def piqa(dataset_dict: DatasetDict | None = None) -> TaskSpec:
+    """lm-eval's ``piqa`` over ``dataset_dict`` (default: :func:`dataset`)."""
+    return TaskSpec(name="piqa", dataset=dataset_dict if dataset_dict is not None else dataset())
+
+
 def train(dataset_dict: DatasetDict | None = None, **arguments: Any) -> Any:
     """``TrainStep.run``; its argument checks fail before the model is built or a process starts."""
     model = Lazy(Model, Params({"type": "tango_fairscale::causal_lm", "model": "never-loaded"}))
@@ -75,7 +81,7 @@ def train(dataset_dict: DatasetDict | None = None, **arguments: Any) -> Any:
     return TrainStep(step_name="hostile").run(
         model=model,
         engine=engine,
-        dataset_dict=dataset_dict if dataset_dict is not None else dataset(),
+        task=piqa(dataset_dict),
         **{"train_steps": 5, "batch_size": 8, **arguments},
     )
 
@@ -121,7 +127,7 @@ def test_unknown_train_step_field_suggests_the_closest() -> None:
         "type": "tango_fairscale::train",
         "model": {"type": "tango_fairscale::causal_lm", "model": "never-loaded"},
         "engine": {"type": "tango_fairscale::ddp", "optimizer": {"type": "torch::AdamW"}},
-        "dataset_dict": {"splits": {"train": [], "validation": []}},
+        "task": "piqa",
         "train_steps": 5,
         "grad_acum": 2,
     }
@@ -255,15 +261,16 @@ def test_empty_validation_split_is_refused_before_training() -> None:
     # Used to train first, then divide by zero when validating.
     with pytest.raises(ConfigurationError) as err:
         train(dataset(validation=0))
-    one_line(
-        err.value, "validation_split 'validation' holds no examples", "set validation_split to null"
-    )
+    one_line(err.value, "task 'piqa' scores split 'validation', which its data does not hold")
 
 
-def test_unknown_split_and_signal_names() -> None:
+def test_a_task_without_training_documents_is_refused_before_training() -> None:
     with pytest.raises(ConfigurationError) as err:
-        train(train_split="training")
-    one_line(err.value, "train_split 'training' is not in the dataset; choose one of ['train', ")
+        train(DatasetDict(splits={"validation": dataset()["validation"]}))
+    one_line(err.value, "task 'piqa' has no training split")
+
+
+def test_unknown_signal_name() -> None:
     with pytest.raises(ConfigurationError) as err:
         train(preemption_signal="SIGKILL")
     one_line(err.value, "unknown preemption_signal 'SIGKILL'", "choose one of SIGTERM, ")
@@ -317,27 +324,26 @@ def test_model_config_that_is_not_an_object(tokenizer_dir: Path) -> None:
         ({"max_batch_tokens": 0}, "max_batch_tokens must be a positive integer or null, got 0"),
         ({"max_batch_tokens": 1.5}, "max_batch_tokens must be a positive integer or null, got 1.5"),
         ({"precision": "16-mixed"}, "'16-mixed' (fp16 with gradient scaling) needs a CUDA GPU"),
-        ({"precision": "bf16-true"}, "scoring precision must be '32-true' or 'bf16-mixed'"),
-        ({"split": "dev"}, "split 'dev' is not in the dataset"),
+        ({"precision": "bogus"}, "unknown precision 'bogus'"),
+        ({"bootstrap_iters": "many"}, "bootstrap_iters must be an integer, got 'many'"),
     ],
 )
 def test_bad_scoring_arguments(short_model: ModelWrapper, arguments: dict, message: str) -> None:
     with pytest.raises(ConfigurationError) as err:
-        PiqaPredictionsStep(step_name="hostile").run(short_model, dataset(), **arguments)
+        TaskScoresStep(step_name="hostile").run(short_model, piqa(), **arguments)
     one_line(err.value, message)
 
 
 def test_scoring_an_empty_split(short_model: ModelWrapper) -> None:
     with pytest.raises(ConfigurationError) as err:
-        PiqaPredictionsStep(step_name="hostile").run(short_model, dataset(validation=0))
-    one_line(err.value, "split 'validation' holds no examples")
+        TaskScoresStep(step_name="hostile").run(short_model, piqa(dataset(validation=0)))
+    one_line(err.value, "task 'piqa' scores split 'validation', which its data does not hold")
 
 
-def test_metrics_of_the_unlabelled_test_split_say_what_to_score() -> None:
-    predictions = [{"label": -1, "loglikelihoods": [-1.0, -2.0], "char_lengths": [1, 1]}]
-    with pytest.raises(ValueError) as err:
-        PiqaMetricsStep(step_name="hostile").run(predictions)
-    one_line(err.value, "no labelled predictions", "score the 'validation' split")
+def test_metrics_of_nothing_say_what_to_give() -> None:
+    with pytest.raises(ConfigurationError) as err:
+        TaskMetricsStep(step_name="hostile").run([])
+    one_line(err.value, "scores must be a non-empty list of task_scores results")
 
 
 # Sequences longer than the model's context: documented lm-eval left truncation -----------------
@@ -349,15 +355,20 @@ def test_texts_longer_than_the_context_are_left_truncated_and_scored(
     long_goal = "how to stay dry " * 2_000  # ~8,000 tokens for a 16-token context
     long_sol = " ".join(["umbrella"] * 40)  # a continuation longer than the context too
     examples = [example(long_goal, "use an umbrella", long_sol, label=1), example()]
-    predictions = PiqaPredictionsStep(step_name="hostile").run(
-        short_model, DatasetDict(splits={"validation": examples}), batch_size=2
+    result = TaskScoresStep(step_name="hostile").run(
+        short_model, piqa(DatasetDict(splits={"validation": examples})), batch_size=2
     )
-    first = predictions[0]
-    assert all(math.isfinite(value) for value in first["loglikelihoods"])
+    first = result["samples"]["piqa"][0]
+    assert all(math.isfinite(resp[0][0]) for resp in first["resps"])
     # The model sees the last max_length + 1 tokens; a continuation longer than that is scored
-    # on the max_length tokens the model can predict.
-    assert first["token_lengths"][1] == short_model.max_length == 16
-    assert first["token_lengths"][0] == len(short_model.tokenizer(" use an umbrella")["input_ids"])
+    # on the max_length tokens the model can predict (lm-eval's HF backend refuses it).
+    from tango_fairscale.data.queries import encode_pairs
+
+    queries = encode_pairs(short_model.tokenizer, first["arguments"], short_model.max_length)
+    assert queries[1].continuation_length == short_model.max_length == 16
+    assert queries[0].continuation_length == len(
+        short_model.tokenizer(" use an umbrella")["input_ids"]
+    )
 
 
 # PIQA files ---------------------------------------------------------------------------------------

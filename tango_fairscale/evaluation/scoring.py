@@ -46,8 +46,9 @@ def score_queries(
     num_forwards: int | None = None,
     packed: bool = False,
     progress: bool = True,
-) -> list[float]:
-    """Log-likelihood of each query's continuation, in the order of ``queries``.
+) -> list[tuple[float, bool]]:
+    """Each query's ``(log-likelihood of its continuation, whether the continuation is the
+    greedy one)`` — lm-eval's ``loglikelihood`` answers — in the order of ``queries``.
 
     Batches as :func:`~tango_fairscale.data.schedules.scoring_batches` makes them: right-padded rows
     or, ``packed`` (for a forward that takes packed batches), rows packed by
@@ -64,15 +65,17 @@ def score_queries(
     else:
         make_batch = functools.partial(collate, pad_token_id=pad_token_id)
     filler = [Query((pad_token_id, pad_token_id), 1)]  # any tokens serve
-    results = []
+    results: list[torch.Tensor] = []
+    greedy: list[torch.Tensor] = []
     queued: collections.deque[tuple[Any, int]] = collections.deque()  # (done event, rows)
     depth = QUEUED_FORWARDS if device.type == "cuda" else 0  # a CPU forward is done on return
     bar = Tqdm.tqdm(total=len(queries), desc="Scoring", unit="query", disable=not progress)
     for index in range(max(num_forwards or 0, len(batches))):
         rows = [queries[i] for i in batches[index]] if index < len(batches) else filler
-        loglikelihood = forward(move_batch(make_batch(rows), device))["loglikelihood"]
+        outputs = forward(move_batch(make_batch(rows), device))
         if index < len(batches):
-            results.append(loglikelihood.float())
+            results.append(outputs["loglikelihood"].float())
+            greedy.append(outputs["greedy"])
         done = torch.cuda.Event() if device.type == "cuda" else None
         if done is not None:
             done.record()
@@ -83,12 +86,13 @@ def score_queries(
                 oldest.synchronize()
             bar.update(num_rows)
     values = torch.cat(results).cpu().tolist() if results else []
+    flags = torch.cat(greedy).cpu().tolist() if greedy else []
     bar.update(sum(num_rows for _, num_rows in queued))
     bar.close()
-    scores = [0.0] * len(queries)
+    scores = [(0.0, False)] * len(queries)
     order = [i for batch_indices in batches for i in batch_indices]
-    for query_index, value in zip(order, values, strict=True):
-        scores[query_index] = value
+    for query_index, value, flag in zip(order, values, flags, strict=True):
+        scores[query_index] = (value, bool(flag))
     return scores
 
 
@@ -102,7 +106,7 @@ def score_on_all_ranks(
     max_batch_tokens: int | None = None,
     packed: bool = False,
     progress: bool = True,
-) -> list[float]:
+) -> list[tuple[float, bool]]:
     """:func:`score_queries` with the work split over the process group (or alone without one).
 
     Call on every rank with the same ``queries``. Rank ``r`` of ``W`` scores the ``r``-th of ``W``
@@ -131,15 +135,17 @@ def score_on_all_ranks(
     )
     if world_size == 1:
         return scores
+    # (log-likelihood, greedy) rows, padded to the longest slice, gathered from every rank.
     width = max(b - a for a, b in zip(bounds, bounds[1:]))
-    padded = torch.zeros(width, dtype=torch.float64, device=device)
-    padded[: len(scores)] = torch.tensor(scores, dtype=torch.float64)
-    gathered = [torch.empty_like(padded) for _ in range(world_size)]
-    dist.all_gather(gathered, padded)
+    mine_padded = torch.zeros(width, 2, dtype=torch.float64, device=device)
+    if scores:
+        mine_padded[: len(scores)] = torch.tensor(scores, dtype=torch.float64)
+    gathered = [torch.empty_like(mine_padded) for _ in range(world_size)]
+    dist.all_gather(gathered, mine_padded)
     return [
-        value
+        (value, bool(flag))
         for r, part in enumerate(gathered)
-        for value in part[: bounds[r + 1] - bounds[r]].tolist()
+        for value, flag in part[: bounds[r + 1] - bounds[r]].tolist()
     ]
 
 

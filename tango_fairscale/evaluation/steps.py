@@ -1,45 +1,53 @@
-"""The cached evaluation steps: a model's scores on a PIQA split, lm-eval's metrics from them."""
+"""The cached evaluation steps: a model scored on one task (lm-eval's requests, the package's
+log-likelihoods, lm-eval's results), and the results of several tasks merged and summarised."""
 
 from __future__ import annotations
 
-import torch
 from tango import JsonFormat, Step
-from tango.common.dataset_dict import DatasetDictBase
 from tango.common.exceptions import ConfigurationError
 from tango.integrations.torch import Model
 
 from .. import compat  # noqa: F401  (Tango fixes)
-from ..checks import boolean, positive_int, split_of
-from ..data.queries import encode_pairs
+from ..checks import boolean, positive_int
 from ..model.causal_lm import ModelWrapper
 from ..parallel.precision import resolve_precision
-from ..tasks import piqa
-from .scoring import default_device, score_queries
+from ..tasks.lm_eval import TaskSpec, load_tasks
+from .harness import evaluate_task, merge, summary
+from .lm import ScorerLM, scoring_precision
+from .scoring import default_device
 
 
-@Step.register("tango_fairscale::piqa_predictions")
-class PiqaPredictionsStep(Step[list]):
-    """Score both choices of every example of one PIQA split with a model.
+@Step.register("tango_fairscale::task_scores")
+class TaskScoresStep(Step[dict]):
+    """Evaluate a model on one lm-eval task (or group) with the package's scorer.
 
-    Registered as a Tango ``Step`` under the name ``"tango_fairscale::piqa_predictions"``.
-    Runs on the GPU when there is one. A forward scores at most ``batch_size`` queries of similar
-    length and, with ``max_batch_tokens``, at most that many padded tokens (so short queries go
-    in large batches and long ones in small); neither is part of the cache key.
-    ``precision`` ``32-true`` (default: exact lm-eval scores) or ``bf16-mixed`` (autocast: faster
-    on GPUs; summed log-likelihoods within about 2e-3 relative of fp32's, measured on PIQA
-    validation; ``auto`` picks it on a bf16 GPU). ``pack_sequences`` scores packed batches (an
-    example's context once for both choices; :func:`~tango_fairscale.data.batches.packed_batch`):
-    the same scores up to float rounding in a fifth fewer positions (PIQA validation on an H200:
-    1.01x the queries/s in ``bf16-mixed``, 1.08x in ``32-true``); not part of the cache key
-    either.
+    Registered as a Tango ``Step`` under the name ``"tango_fairscale::task_scores"``.
 
-    Returns one dict per example: ``index``, ``label``, ``loglikelihoods`` (two floats),
-    ``token_lengths`` and ``char_lengths`` (two ints each).
+    lm-eval builds the task's requests (its prompts, few-shot examples, choices) and computes its
+    metrics (``process_results`` and aggregation, stderr included); the log-likelihoods come from
+    :class:`~tango_fairscale.evaluation.lm.ScorerLM` on the GPU when there is one: length-sorted
+    batches of at most ``batch_size`` queries and ``max_batch_tokens`` tokens, ``pack_sequences``
+    packed (a question's context once for all its choices). None of those three is part of the
+    cache key: they change speed, not scores (up to float rounding).
+
+    :param model: the model (``tango_fairscale::causal_lm``, or a trained model's step).
+    :param task: a :class:`~tango_fairscale.tasks.lm_eval.TaskSpec` (a name is enough).
+    :param precision: ``32-true`` (lm-eval's HF backend in fp32, to 1e-4 per request),
+        ``bf16-mixed`` / ``16-mixed`` (autocast: faster; bf16's summed log-likelihoods within
+        about 2e-3 relative of fp32's on PIQA), ``bf16-true`` (the model cast to bf16) or
+        ``auto`` (bf16-mixed on a bf16 GPU, else 32-true).
+    :param bootstrap_iters: lm-eval's bootstrap resamples for the stderr of metrics that are
+        not means (0: no stderr).
+
+    Returns lm-eval's results JSON for the task (``results`` with keys such as ``acc,none`` and
+    ``acc_stderr,none``, ``groups``, ``n-samples``, ``n-shot``, ``versions``, ...) and its
+    ``samples``: per document its requests (``arguments``), their ``(log-likelihood, greedy)``
+    answers (``resps``) and metric values.
 
     Example (Jsonnet)::
 
-        predictions: {type: "tango_fairscale::piqa_predictions", model: {ref: "trained_model"},
-                      dataset_dict: {ref: "piqa"}, split: "validation", batch_size: 64}
+        arc_easy: {type: "tango_fairscale::task_scores", model: {ref: "trained_model"},
+                   task: {name: "arc_easy", num_fewshot: 2}}
     """
 
     VERSION = "001"
@@ -51,65 +59,60 @@ class PiqaPredictionsStep(Step[list]):
     def run(  # type: ignore[override]
         self,
         model: Model,
-        dataset_dict: DatasetDictBase,
-        split: str = "validation",
-        batch_size: int = 32,
+        task: TaskSpec,
         precision: str = "32-true",
-        max_batch_tokens: int | None = None,
-        pack_sequences: bool = False,
-    ) -> list:
-        split_of(dataset_dict, split)
+        batch_size: int = 256,
+        max_batch_tokens: int | None = 16384,
+        pack_sequences: bool = True,
+        bootstrap_iters: int = 100000,
+    ) -> dict:
         positive_int("batch_size", batch_size)
         positive_int("max_batch_tokens", max_batch_tokens, optional=True)
         boolean("pack_sequences", pack_sequences)
-        examples = list(dataset_dict[split])
+        if isinstance(bootstrap_iters, bool) or not isinstance(bootstrap_iters, int):
+            raise ConfigurationError(f"bootstrap_iters must be an integer, got {bootstrap_iters!r}")
         if not isinstance(model, ModelWrapper):
-            raise ConfigurationError(f"needs a tango_fairscale::causal_lm model, got {type(model)}")
+            raise ConfigurationError(
+                f"needs a tango_fairscale::causal_lm model, got {type(model).__name__}"
+            )
         device = default_device()
         resolved = resolve_precision(precision, device)
-        if resolved.name not in ("32-true", "bf16-mixed"):
-            raise ConfigurationError(
-                f"scoring precision must be '32-true' or 'bf16-mixed', got {precision!r}"
-            )
         if pack_sequences and not model.supports_packing:
             raise ConfigurationError(
                 "pack_sequences needs an attention that takes masks ('sdpa' or 'eager'), the "
                 f"model uses {model.model.config._attn_implementation!r}; set it to false"
             )
+        loaded = load_tasks(task)  # checked before the model moves or scores anything
         model = model.to(device).eval()
-        # All queries first: tokenizing in parts while the GPU scores the previous part measured
-        # slower on an H200 (14.6k vs 17.3k queries/s: eval_speed_parts*_h200_run13.md), and on a
-        # worker thread in growing parts no faster (scoring_probe_tokenizing_parts_h200_run31.md).
-        queries = encode_pairs(model.tokenizer, piqa.choice_pairs(examples), model.max_length)
-        autocast = torch.autocast(device.type, torch.bfloat16, enabled=resolved.mixed)
-        # no_grad, not inference_mode: under inference_mode autocast re-casts every weight in
-        # every forward (its cache of casts only serves tensors that require gradients).
-        with torch.no_grad(), autocast:
-            scores = score_queries(
-                lambda batch: model(**batch),
-                queries,
-                batch_size=batch_size,
-                pad_token_id=model.pad_token_id,
-                device=device,
-                max_batch_tokens=max_batch_tokens,
-                packed=pack_sequences,
-            )
-        return piqa.piqa_predictions(
-            examples, scores, [query.continuation_length for query in queries]
+        lm = ScorerLM(
+            lambda batch: model(**batch),
+            model.tokenizer,
+            max_length=model.max_length,
+            device=device,
+            batch_size=batch_size,
+            max_batch_tokens=max_batch_tokens,
+            packed=pack_sequences,
         )
+        with scoring_precision(model, resolved):
+            return evaluate_task(lm, task, loaded, bootstrap_iters)
 
 
-@Step.register("tango_fairscale::piqa_metrics")
-class PiqaMetricsStep(Step[dict]):
-    """Accuracy metrics from PIQA predictions, as lm-evaluation-harness's ``piqa`` defines them.
+@Step.register("tango_fairscale::task_metrics")
+class TaskMetricsStep(Step[dict]):
+    """lm-eval's results of several scored tasks, merged, and a flat summary of them.
 
-    Registered as a Tango ``Step`` under the name ``"tango_fairscale::piqa_metrics"``.
+    Registered as a Tango ``Step`` under the name ``"tango_fairscale::task_metrics"``.
 
-    Returns ``{"acc", "acc_stderr", "acc_norm", "acc_norm_stderr", "num_examples"}``.
+    :param scores: results of ``tango_fairscale::task_scores`` steps.
+
+    Returns the flat summary (``"<task>/<metric>"``, e.g. ``"arc_easy/acc"``,
+    ``"arc_easy/acc_stderr"``, ``"arc_easy/num_examples"``; for a single task also ``acc``,
+    ``acc_norm``, ``num_examples``, ...) and, under ``"lm_eval"``, lm-eval's results JSON of all
+    of them (``results``, ``groups``, ``n-samples``, ...).
 
     Example (Jsonnet)::
 
-        metrics: {type: "tango_fairscale::piqa_metrics", predictions: {ref: "predictions"}}
+        metrics: {type: "tango_fairscale::task_metrics", scores: [{ref: "piqa_scores"}]}
     """
 
     VERSION = "001"
@@ -117,5 +120,8 @@ class PiqaMetricsStep(Step[dict]):
     CACHEABLE = True
     FORMAT = JsonFormat()
 
-    def run(self, predictions: list) -> dict:  # type: ignore[override]
-        return piqa.metrics_from_predictions(predictions)
+    def run(self, scores: list[dict]) -> dict:  # type: ignore[override]
+        if not isinstance(scores, list) or not scores:
+            raise ConfigurationError("scores must be a non-empty list of task_scores results")
+        merged = merge(scores)
+        return {**summary(merged), "lm_eval": merged}

@@ -38,7 +38,8 @@ def check_fast_path(model: Any, transform: LogitTransform, vocab_size: int) -> N
     head = model.get_output_embeddings()
     device = next(model.parameters()).device
     generator = torch.Generator().manual_seed(0)
-    input_ids = torch.randint(0, vocab_size, (2, 12), generator=generator).to(device)
+    input_ids = torch.randint(0, vocab_size, (2, 12), generator=generator, device="cpu")
+    input_ids = input_ids.to(device)
     targets = input_ids[:, 1:]
     was_training = model.training
     model.eval()

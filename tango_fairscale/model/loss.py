@@ -95,7 +95,8 @@ def scored_row_nll(
     if torch.is_grad_enabled() and trains:
         row_mean_nll, row_nll = _ScoredCrossEntropy.apply(*inputs)
         return row_mean_nll, row_nll, num_tokens
-    return (*_score(*inputs), num_tokens)
+    row_mean_nll, row_nll, row_greedy = _score(*inputs)
+    return row_mean_nll, row_nll, num_tokens, row_greedy
 
 
 def loss_outputs(

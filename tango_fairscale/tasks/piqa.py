@@ -22,13 +22,11 @@ and left-truncated when tokenized, as lm-eval does (:mod:`tango_fairscale.data.q
 import hashlib
 import http.client
 import json
-import math
 import os
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from cached_path import get_cache_dir
 from tango import Step
@@ -274,106 +272,6 @@ def store(body: bytes, name: str, path: Path) -> None:
     partial = path.with_name(path.name + ".part")
     partial.write_bytes(body)
     os.replace(partial, path)
-
-
-# Prompts (lm-evaluation-harness's ``piqa``) ---------------------------------------------------
-
-
-def piqa_context(goal: str) -> str:
-    return f"Question: {goal}\nAnswer:"
-
-
-def piqa_continuations(example: Mapping[str, Any]) -> tuple[str, str]:
-    return " " + example["sol1"], " " + example["sol2"]
-
-
-def choice_pairs(examples: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
-    """Both choices of every example as (context, continuation), in order:
-    ``[ex0.sol1, ex0.sol2, ex1.sol1, ...]``."""
-    return [
-        (piqa_context(example["goal"]), continuation)
-        for example in examples
-        for continuation in piqa_continuations(example)
-    ]
-
-
-def training_pairs(examples: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
-    """The correct choice of every labelled example (the fine-tuning objective)."""
-    pairs = []
-    for example in examples:
-        label = example["label"]
-        if label not in (0, 1):
-            raise ValueError(f"training needs labelled examples; got label {label!r}")
-        pairs.append((piqa_context(example["goal"]), piqa_continuations(example)[label]))
-    return pairs
-
-
-# Metrics (lm-evaluation-harness's ``acc``, ``acc_norm``, ``mean_stderr``) ---------------------
-
-
-def piqa_predictions(
-    examples: Sequence[Mapping[str, Any]],
-    scores: Sequence[float],
-    token_lengths: Sequence[int],
-) -> list[dict[str, Any]]:
-    """Per example: both choices' log-likelihoods, token and character lengths, the label
-    (``scores`` and ``token_lengths`` in :func:`choice_pairs`' order)."""
-    predictions = []
-    for index, example in enumerate(examples):
-        choices = (example["sol1"], example["sol2"])
-        predictions.append(
-            {
-                "index": index,
-                "label": example["label"],
-                "loglikelihoods": [scores[2 * index], scores[2 * index + 1]],
-                "token_lengths": list(token_lengths[2 * index : 2 * index + 2]),
-                "char_lengths": [len(choice) for choice in choices],
-            }
-        )
-    return predictions
-
-
-def correct_counts(predictions: Sequence[Mapping[str, Any]]) -> tuple[int, int]:
-    """``(acc hits, acc_norm hits)``: argmax of score, and of score / characters; ties → first."""
-    hits = hits_norm = 0
-    for prediction in predictions:
-        scores = prediction["loglikelihoods"]
-        normed = [s / max(n, 1) for s, n in zip(scores, prediction["char_lengths"])]
-        hits += int(_argmax(scores) == prediction["label"])
-        hits_norm += int(_argmax(normed) == prediction["label"])
-    return hits, hits_norm
-
-
-def _argmax(values: Sequence[float]) -> int:
-    return max(range(len(values)), key=lambda i: (values[i], -i))
-
-
-def metrics_from_predictions(predictions: Sequence[Mapping[str, Any]]) -> dict[str, float | int]:
-    """``acc``, ``acc_norm``, their standard errors (lm-eval's mean_stderr), ``num_examples``."""
-    labelled = [p for p in predictions if p["label"] in (0, 1)]
-    if not labelled:
-        raise ValueError(
-            "no labelled predictions to compute metrics from (PIQA's test split is unlabelled); "
-            "score the 'validation' split"
-        )
-    hits, hits_norm = correct_counts(labelled)
-    n = len(labelled)
-    return {
-        "acc": hits / n,
-        "acc_stderr": _mean_stderr(hits, n),
-        "acc_norm": hits_norm / n,
-        "acc_norm_stderr": _mean_stderr(hits_norm, n),
-        "num_examples": n,
-    }
-
-
-def _mean_stderr(hits: int, n: int) -> float:
-    """Sample standard deviation of 0/1 outcomes over √n (lm-eval's ``mean_stderr``)."""
-    if n < 2:
-        return float("nan")
-    mean = hits / n
-    variance = (hits * (1 - mean) ** 2 + (n - hits) * mean**2) / (n - 1)
-    return math.sqrt(variance / n)
 
 
 # Step ---------------------------------------------------------------------------------------

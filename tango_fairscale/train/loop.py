@@ -15,18 +15,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from tango.common import Lazy, Tqdm
-from tango.common.dataset_dict import DatasetDictBase
 from tango.common.exceptions import ConfigurationError
 from tango.integrations.torch import Model, TrainConfig, TrainingEngine
 
 from ..data.batches import training_batch
 from ..data.queries import Query, encode_pairs
 from ..data.schedules import BatchSchedule
-from ..evaluation.validation import validate_piqa
+from ..evaluation.harness import evaluate_task, merge, summary
+from ..evaluation.lm import ScorerLM
 from ..parallel.engine import Engine
 from ..runtime.process_group import barrier, join_process_group, leave_process_group
 from ..runtime.signals import Preemption
-from ..tasks import piqa
+from ..tasks.lm_eval import TaskDict, TaskSpec, load_tasks
 from .checkpoints import TrainingStopped, resume, resume_hint, save_checkpoint
 from .guards import NonFiniteGuard, any_rank
 from .log import TRAINING_LOG, TrainingLog
@@ -44,7 +44,9 @@ class TrainPlan:
     config: TrainConfig
     model: Lazy[Model]
     engine: Lazy[TrainingEngine]
-    dataset_dict: DatasetDictBase
+    #: (context, continuation) of each training example's correct choice.
+    training_pairs: list[tuple[str, str]]
+    validate_tasks: list[TaskSpec]
     batch_size: int
     eval_batch_size: int
     preemption_signal: signal.Signals = signal.SIGTERM
@@ -95,8 +97,7 @@ def train(engine: Engine, plan: TrainPlan) -> None:
     assert config.train_steps is not None
     is_main = config.is_local_main_process
     model = engine.wrapped_model
-    examples = list(plan.dataset_dict[config.train_split])
-    queries = encode_pairs(model.tokenizer, piqa.training_pairs(examples), model.max_length)
+    queries = encode_pairs(model.tokenizer, plan.training_pairs, model.max_length)
     schedule = BatchSchedule(
         len(queries),
         plan.batch_size,
@@ -105,6 +106,7 @@ def train(engine: Engine, plan: TrainPlan) -> None:
         config.worker_id,
         config.grad_accum,
     )
+    validation = [(spec, load_tasks(spec)) for spec in plan.validate_tasks]
     start = resume(engine, plan.checkpoints, is_main)
     if start:
         logger.info("resumed from the checkpoint at step %d", start)
@@ -144,14 +146,11 @@ def train(engine: Engine, plan: TrainPlan) -> None:
                         f"preempted by {preemption.signal.name} after step {done}; "
                         f"{resume_hint(plan.checkpoints)}"
                     )
-            if config.validation_split is not None and (
-                done == config.train_steps or _every(done, config.validate_every)
-            ):
-                metrics = validate(engine, plan)
+            if validation and (done == config.train_steps or _every(done, config.validate_every)):
+                metrics = validate(engine, plan, validation)
                 log.write({"step": done, **{f"val_{k}": v for k, v in metrics.items()}})
                 if is_main:
-                    logger.info("step %d: validation acc %.4f, acc_norm %.4f", done,
-                                metrics["acc"], metrics["acc_norm"])  # fmt: skip
+                    logger.info("step %d: validation %s", done, _brief(metrics))
             if checkpoint_now:
                 save_checkpoint(engine, plan.checkpoints, done, is_main)
     finally:
@@ -194,25 +193,33 @@ class StepLoss:
         return float(self._host)
 
 
-def validate(engine: Engine, plan: TrainPlan) -> dict[str, Any]:
-    """Validation metrics, every rank scoring its share through the engine."""
-    config = plan.config
-    assert config.validation_split is not None
+def validate(
+    engine: Engine, plan: TrainPlan, tasks: list[tuple[TaskSpec, TaskDict]]
+) -> dict[str, Any]:
+    """lm-eval's metrics of the validation tasks (the flat summary of
+    :func:`~tango_fairscale.evaluation.harness.summary`), every rank scoring its share through
+    the engine."""
     model = engine.wrapped_model
+    lm = ScorerLM(
+        engine.forward_eval,
+        model.tokenizer,
+        max_length=model.max_length,
+        device=engine.device,
+        batch_size=plan.eval_batch_size,
+        packed=plan.pack_sequences,
+        progress=plan.config.is_local_main_process,
+    )
     engine.model.eval()
     try:
-        return validate_piqa(
-            engine.forward_eval,
-            list(plan.dataset_dict[config.validation_split]),
-            model.tokenizer,
-            max_length=model.max_length,
-            batch_size=plan.eval_batch_size,
-            device=engine.device,
-            packed=plan.pack_sequences,
-            progress=config.is_local_main_process,
-        )
+        return summary(merge([evaluate_task(lm, spec, loaded) for spec, loaded in tasks]))
     finally:
         engine.model.train()
+
+
+def _brief(metrics: dict[str, Any]) -> str:
+    shown = [f"{key} {value:.4f}" for key, value in metrics.items() if "/" in key and
+             isinstance(value, float) and "stderr" not in key]  # fmt: skip
+    return ", ".join(shown)
 
 
 def export_final_weights(engine: Engine, path: Path, is_main: bool) -> None:

@@ -8,12 +8,11 @@ import signal
 import torch
 from tango import Format, Step
 from tango.common import Lazy, Registrable
-from tango.common.dataset_dict import DatasetDictBase
 from tango.integrations.torch import Model, TrainConfig, TrainingEngine
 from tango.step import StepResources
 
 from .. import compat  # noqa: F401  (Tango fixes)
-from ..checks import boolean, one_of, positive_int, positive_ints, split_of
+from ..checks import boolean, one_of, positive_int, positive_ints
 from ..data.schedules import BatchSchedule
 from ..model.causal_lm import ModelWrapper
 from ..runtime import launcher
@@ -21,6 +20,7 @@ from ..runtime.devices import job_devices
 from ..runtime.process_group import free_port
 from ..runtime.signals import PREEMPTION_SIGNALS
 from ..runtime.spawn import WorkerFailed, run_workers
+from ..tasks.lm_eval import TaskSpec, load_tasks, training_pairs
 from .checkpoints import TrainingStopped, resume_hint
 from .format import ModelFormat
 from .log import TRAINING_LOG, read_training_log
@@ -29,19 +29,27 @@ from .loop import FINAL_WEIGHTS, TrainPlan, train_worker
 
 @Step.register("tango_fairscale::train")
 class TrainStep(Step[ModelWrapper]):
-    """Fine-tune a :class:`~tango_fairscale.model.causal_lm.ModelWrapper` on PIQA with any engine.
+    """Fine-tune a :class:`~tango_fairscale.model.causal_lm.ModelWrapper` on a multiple-choice task
+    with any engine, validating on lm-eval tasks during training.
 
     Registered as a Tango ``Step`` under the name ``"tango_fairscale::train"``.
 
+    The objective is rank-classification fine-tuning: the causal-LM loss on the tokens of each
+    training document's correct choice, its context formatted as lm-eval formats the task's
+    requests (few-shot examples included when the task asks for them).
+
     :param model: the model to train (constructed inside each worker).
     :param engine: a ``TrainingEngine`` (``tango_fairscale::ddp``, ...) with its optimizer.
-    :param dataset_dict: PIQA splits from ``tango_fairscale::piqa``.
+    :param task: the training task (a :class:`~tango_fairscale.tasks.lm_eval.TaskSpec`: a
+        name, or a name with ``dataset`` / ``data_dir``); its training split is trained on.
     :param train_steps: optimizer steps.
     :param batch_size: examples per optimizer step over all devices (not per device), so the run
         is the same on any number of devices; must divide by ``device_count × grad_accum``.
     :param grad_accum: micro-batches per step on each device.
-    :param validate_every: PIQA validation accuracy every this many steps (and after the last),
-        computed by all ranks through the engine; ``None`` validates only after the last step.
+    :param validate_tasks: tasks scored during training (lm-eval's metrics, logged per task);
+        default: the training task itself (its evaluation split); ``[]``: none.
+    :param validate_every: validate every this many steps (and after the last), all ranks
+        scoring through the engine; ``None`` validates only after the last step.
     :param checkpoint_every: steps between checkpoints; a rerun resumes from the newest one.
     :param device_count: processes, one per GPU (or CPU processes over gloo without GPUs).
     :param preemption_signal: on this signal (``SIGTERM``, ``SIGUSR1``, ...) every rank finishes
@@ -50,26 +58,26 @@ class TrainStep(Step[ModelWrapper]):
     :param collective_timeout_s: a rank that hangs (without dying) makes the others fail after
         this many seconds in a collective, instead of waiting forever.
     :param pack_sequences: feed micro-batches (and validation batches) packed end to end instead
-        of right-padded (:func:`~tango_fairscale.data.batches.packed_batch`): the same losses up to
-        float rounding, far fewer positions on short data such as PIQA (measured on an H200,
-        PIQA batch 16: GPT-2 124M fp32 1.30x the tokens/s in half the memory, bf16 1.05x per
-        median step, though each new batch shape costs a one-off kernel selection and packed
-        batches have more shapes; GPT-2 1.5B bf16 at batch 64: 1.92x in a third of the memory).
-        Not for the ``pipe`` engine.
+        of right-padded (:func:`~tango_fairscale.data.batches.packed_batch`): the same losses up
+        to float rounding, far fewer positions on short data such as PIQA (measured on an H200,
+        PIQA batch 16: GPT-2 124M fp32 1.30x the tokens/s in half the memory; GPT-2 1.5B bf16 at
+        batch 64: 1.92x in a third of the memory). Not for the ``pipe`` engine.
 
-    Returns the trained model; its ``training_log`` holds the logged loss and accuracy by step.
-    ``log_every``, ``eval_batch_size``, ``distributed_port``, ``device_count`` and
+    Returns the trained model; its ``training_log`` holds the logged loss and validation metrics
+    by step. ``log_every``, ``eval_batch_size``, ``distributed_port``, ``device_count`` and
     ``pack_sequences`` are not part of the cache key: 1 or 8 devices, packed or not, train the
     same model (up to float rounding).
 
     Example (Jsonnet)::
 
-        trained_model: {type: "tango_fairscale::train", model: {...}, dataset_dict: {ref: "piqa"},
+        trained_model: {type: "tango_fairscale::train", model: {...},
+                        task: {name: "piqa", dataset: {ref: "piqa"}},
+                        validate_tasks: ["piqa", "arc_easy"],
                         engine: {type: "tango_fairscale::ddp", optimizer: {type: "torch::AdamW"}},
                         train_steps: 2000, batch_size: 16, device_count: 2}
     """
 
-    VERSION = "001"
+    VERSION = "002"
     DETERMINISTIC = True
     CACHEABLE = True
     FORMAT: Format = ModelFormat()
@@ -93,14 +101,13 @@ class TrainStep(Step[ModelWrapper]):
         self,
         model: Lazy[Model],
         engine: Lazy[TrainingEngine],
-        dataset_dict: DatasetDictBase,
+        task: TaskSpec,
         *,
         train_steps: int,
         batch_size: int = 16,
         grad_accum: int = 1,
         seed: int = 42,
-        train_split: str = "train",
-        validation_split: str | None = "validation",
+        validate_tasks: list[TaskSpec] | None = None,
         validate_every: int | None = None,
         checkpoint_every: int = 100,
         device_count: int = 1,
@@ -124,20 +131,23 @@ class TrainStep(Step[ModelWrapper]):
             }
         )
         positive_int("validate_every", validate_every, optional=True)
-        split_of(dataset_dict, train_split, role="train_split")
-        if validation_split is not None:
-            split_of(dataset_dict, validation_split, role="validation_split", optional=True)
         boolean("pack_sequences", pack_sequences)
         one_of("preemption_signal", preemption_signal, PREEMPTION_SIGNALS)
+        pairs = [
+            pair
+            for name, loaded in load_tasks(task)["tasks"].items()
+            for pair in training_pairs(loaded, name)
+        ]
+        validation = [task] if validate_tasks is None else list(validate_tasks)
+        for spec in validation:  # refused here, before any process starts, when they cannot load
+            load_tasks(spec)
         # Fails here, not in a worker, when the batch does not split evenly.
-        BatchSchedule(len(dataset_dict[train_split]), batch_size, seed, device_count, 0, grad_accum)
+        BatchSchedule(len(pairs), batch_size, seed, device_count, 0, grad_accum)
         devices = job_devices(device_count)
         config = TrainConfig(
             self.unique_id,
             self.work_dir,
             step_name=self.name,
-            train_split=train_split,
-            validation_split=validation_split,
             seed=seed,
             train_steps=train_steps,
             grad_accum=grad_accum,
@@ -154,7 +164,8 @@ class TrainStep(Step[ModelWrapper]):
                 config,
                 model,
                 engine,
-                dataset_dict,
+                pairs,
+                validation,
                 batch_size,
                 eval_batch_size,
                 signal.Signals[preemption_signal],

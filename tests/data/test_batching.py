@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 import torch
 from conftest import choice_queries, training_queries
+from tango.common.exceptions import ConfigurationError
 
 from tango_fairscale.data.batches import IGNORE_INDEX, collate, packed_batch
 from tango_fairscale.data.queries import Query, encode_pair
 from tango_fairscale.data.schedules import BatchSchedule, length_sorted_batches, scoring_batches
-from tango_fairscale.tasks.piqa import piqa_context, piqa_continuations
 
 BIG = 10_000  # a max_length no test sequence reaches
 
@@ -35,17 +35,6 @@ def ids(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def lm_eval_encode_pair(tokenizer: Any, context: str, continuation: str) -> tuple[list, list]:
-    """lm-eval's ``TemplateLM._encode_pair``, transcribed: ``(context_enc, continuation_enc)``."""
-    n_spaces = len(context) - len(context.rstrip())
-    if n_spaces > 0:
-        continuation = context[-n_spaces:] + continuation
-        context = context[:-n_spaces]
-    whole_enc = ids(tokenizer, context + continuation)
-    context_enc = ids(tokenizer, context)
-    return context_enc, whole_enc[len(context_enc) :]
-
-
 # encode_pair ----------------------------------------------------------------------------------
 
 
@@ -54,8 +43,7 @@ def test_gpt2_tokenizer_is_the_real_one(tokenizer: Any) -> None:
 
 
 def test_encode_pair_plain_piqa_choice(tokenizer: Any) -> None:
-    context = piqa_context("dresser")
-    assert context == "Question: dresser\nAnswer:"
+    context = "Question: dresser\nAnswer:"
     query = encode_pair(tokenizer, context, " replace drawer with bobby pin ", BIG)
     # 'Question', ':', ' dress', 'er', '\n', 'Answer', ':' | ' replace', ' drawer', ' with', ' b',
     # 'obby', ' pin', ' '
@@ -65,7 +53,9 @@ def test_encode_pair_plain_piqa_choice(tokenizer: Any) -> None:
     assert len(query) == 14
 
 
-def test_encode_pair_boundary_merge_takes_tokens_after_the_context_count(tokenizer: Any) -> None:
+def test_encode_pair_boundary_merge_takes_tokens_after_the_context_count(
+    tokenizer: Any, hflm: Any
+) -> None:
     context, continuation = "The cat sat on the ma", "ttress is soft"
     # Separately: ' ma' | 'tt', 'ress', ' is', ' soft'. Together ' ma' + 'ttress' merge into one
     # token ' mattress', so the continuation is what follows the context's 6 tokens: ' is', ' soft'.
@@ -74,14 +64,16 @@ def test_encode_pair_boundary_merge_takes_tokens_after_the_context_count(tokeniz
     query = encode_pair(tokenizer, context, continuation, BIG)
     assert query.continuation_length == 2
     assert list(query.tokens[-query.continuation_length :]) == [318, 2705]
-    _, continuation_enc = lm_eval_encode_pair(tokenizer, context, continuation)
+    _, continuation_enc = hflm._encode_pair(context, continuation)
     assert continuation_enc == [318, 2705]
 
 
-def test_encode_pair_feeds_lm_evals_context_tokens_at_a_merged_boundary(tokenizer: Any) -> None:
+def test_encode_pair_feeds_lm_evals_context_tokens_at_a_merged_boundary(
+    tokenizer: Any, hflm: Any
+) -> None:
     # lm-eval's _loglikelihood_tokens scores (context_enc + continuation_enc)[-(max_length+1):].
     context, continuation = "The cat sat on the ma", "ttress is soft"
-    context_enc, continuation_enc = lm_eval_encode_pair(tokenizer, context, continuation)
+    context_enc, continuation_enc = hflm._encode_pair(context, continuation)
     assert context_enc + continuation_enc == [464, 3797, 3332, 319, 262, 17266, 318, 2705]
     query = encode_pair(tokenizer, context, continuation, BIG)
     assert query == Query(tuple(context_enc + continuation_enc), len(continuation_enc))
@@ -97,13 +89,18 @@ def test_encode_pair_feeds_lm_evals_context_tokens_at_a_merged_boundary(tokenize
     ],
 )
 def test_encode_pair_moves_trailing_whitespace_of_context_to_continuation(
-    tokenizer: Any, context: str, continuation: str, moved_context: str, moved_continuation: str
+    tokenizer: Any,
+    hflm: Any,
+    context: str,
+    continuation: str,
+    moved_context: str,
+    moved_continuation: str,
 ) -> None:
     query = encode_pair(tokenizer, context, continuation, BIG)
     assert query == encode_pair(tokenizer, moved_context, moved_continuation, BIG)
     whole = ids(tokenizer, moved_context + moved_continuation)
     assert query == Query(tuple(whole), len(whole) - len(ids(tokenizer, moved_context)))
-    context_enc, continuation_enc = lm_eval_encode_pair(tokenizer, context, continuation)
+    context_enc, continuation_enc = hflm._encode_pair(context, continuation)
     assert query == Query(tuple(context_enc + continuation_enc), len(continuation_enc))
 
 
@@ -120,17 +117,18 @@ def test_encode_pair_rejects_a_continuation_with_no_tokens_of_its_own(tokenizer:
 
 
 def test_choice_queries_match_lm_eval_on_all_piqa_validation_examples(
-    tokenizer: Any, piqa_dir: Path
+    tokenizer: Any, piqa_dir: Path, hflm: Any
 ) -> None:
-    # On PIQA the context ends in ':' and every continuation starts with a space, so GPT-2's
-    # pre-tokenizer never merges across the boundary and the packed tokens equal lm-eval's.
+    """lm-eval's ``piqa`` requests of every official validation example, encoded, equal lm-eval's
+    HF backend's own ``_encode_pair`` of them."""
     examples = [json.loads(line) for line in (piqa_dir / "valid.jsonl").read_text().splitlines()]
     assert len(examples) == 1838
+    examples = [{**example, "label": 0} for example in examples]
     expected = []
     for example in examples:
         context = f"Question: {example['goal']}\nAnswer:"
         for solution in (example["sol1"], example["sol2"]):
-            context_enc, continuation_enc = lm_eval_encode_pair(tokenizer, context, " " + solution)
+            context_enc, continuation_enc = hflm._encode_pair(context, " " + solution)
             expected.append(Query(tuple(context_enc + continuation_enc), len(continuation_enc)))
     assert choice_queries(examples, tokenizer, BIG) == expected
 
@@ -171,14 +169,10 @@ EXAMPLES = [
 ]
 
 
-def test_piqa_continuations_prepend_one_space() -> None:
-    assert piqa_continuations(EXAMPLES[0]) == (" twist the lid", " hit it ")
-
-
 def test_choice_queries_are_both_choices_in_order(tokenizer: Any) -> None:
     queries = choice_queries(EXAMPLES, tokenizer, BIG)
     expected = [
-        encode_pair(tokenizer, piqa_context(example["goal"]), " " + example[key], BIG)
+        encode_pair(tokenizer, f"Question: {example['goal']}\nAnswer:", " " + example[key], BIG)
         for example in EXAMPLES
         for key in ("sol1", "sol2")
     ]
@@ -193,7 +187,7 @@ def test_training_queries_take_the_correct_choice(tokenizer: Any) -> None:
             tokenizer, "Question: dresser\nAnswer:", " replace drawer with bobby pin ", BIG
         ),
     ]
-    with pytest.raises(ValueError, match="training needs labelled examples; got label -1"):
+    with pytest.raises(ConfigurationError, match="training document 0 has no correct choice"):
         training_queries([{**EXAMPLES[0], "label": -1}], tokenizer, BIG)
 
 

@@ -1,0 +1,125 @@
+"""lm-eval's evaluator over task specs with the package's ``LM``: its results (per task, per group)
+and its per-document samples, JSON-safe, and a flat summary of several tasks' results."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tango.common.exceptions import ConfigurationError
+
+from ..checks import one_line
+from ..tasks.lm_eval import TaskDict, TaskSpec, load_tasks
+
+#: The keys of lm-eval's results JSON that a task's scores keep (besides ``samples``).
+RESULT_KEYS = (
+    "results",
+    "groups",
+    "group_subtasks",
+    "n-shot",
+    "n-samples",
+    "versions",
+    "higher_is_better",
+)
+
+#: Per-document fields kept from lm-eval's logged samples (the document itself is left out).
+SAMPLE_KEYS = ("doc_id", "target", "arguments", "resps", "filtered_resps", "filter", "metrics")
+
+
+def evaluate_task(
+    lm: Any, spec: TaskSpec, loaded: TaskDict | None = None, bootstrap_iters: int = 100000
+) -> dict[str, Any]:
+    """``lm_eval.evaluator.evaluate`` of ``spec``'s tasks (``loaded``: already loaded by
+    :func:`~tango_fairscale.tasks.lm_eval.load_tasks`) with ``lm``, seeded as
+    ``simple_evaluate`` seeds the few-shot choice; lm-eval's results JSON (:data:`RESULT_KEYS`)
+    with its ``samples`` (:data:`SAMPLE_KEYS`). Call on every rank of a process group when
+    ``lm`` scores on all of them."""
+    from lm_eval.evaluator import evaluate
+
+    loaded = load_tasks(spec) if loaded is None else loaded
+    for task in loaded["tasks"].values():  # evaluate() uses the sampler as it finds it
+        task.set_fewshot_seed(seed=spec.fewshot_seed)
+    try:
+        output = evaluate(
+            lm=lm,
+            task_dict=loaded,
+            limit=spec.limit,
+            bootstrap_iters=bootstrap_iters,
+            log_samples=True,
+            verbosity="WARNING",
+        )
+    except (ValueError, AssertionError) as error:  # raised while building the requests
+        message = one_line(error)
+        if "Sample larger than population" in message or "fewshot samples" in message:
+            raise ConfigurationError(
+                f"task {spec.label!r}: num_fewshot {spec.num_fewshot} needs more documents than "
+                f"its few-shot split holds ({message}); lower num_fewshot"
+            ) from None
+        raise
+    scores = {key: json_safe(output[key]) for key in RESULT_KEYS if key in output}
+    scores["samples"] = {
+        task: [
+            {key: json_safe(sample[key]) for key in SAMPLE_KEYS if key in sample}
+            | _metric_values(sample)
+            for sample in samples
+        ]  # fmt: skip
+        for task, samples in output.get("samples", {}).items()
+    }
+    return scores
+
+
+def _metric_values(sample: Mapping[str, Any]) -> dict[str, Any]:
+    return {name: json_safe(sample[name]) for name in sample.get("metrics", []) if name in sample}
+
+
+def merge(scores: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Several :func:`evaluate_task` results as one lm-eval results JSON (per task and group)."""
+    merged: dict[str, Any] = {key: {} for key in RESULT_KEYS}
+    for score in scores:
+        for key in RESULT_KEYS:
+            for name, value in score.get(key, {}).items():
+                if name in merged[key] and merged[key][name] != value:
+                    raise ConfigurationError(
+                        f"task {name!r} is scored twice, with other results; list it once"
+                    )
+                merged[key][name] = value
+    return merged
+
+
+def summary(results: Mapping[str, Any]) -> dict[str, Any]:
+    """A flat mapping of lm-eval ``results`` (its ``results`` and ``n-samples`` entries):
+    ``"<task>/<metric>"`` (``"<metric>,<filter>"`` for filters other than ``none``) and
+    ``"<task>/num_examples"``; for a single task, also the same keys without ``"<task>/"``."""
+    flat: dict[str, Any] = {}
+    tasks = results.get("results", {})
+    for task, metrics in tasks.items():
+        for key, value in metrics.items():
+            metric, _, filter_name = key.partition(",")
+            if not filter_name:  # alias, name, sample_len
+                continue
+            flat[f"{task}/{metric if filter_name == 'none' else key}"] = value
+        samples = results.get("n-samples", {}).get(task)
+        if samples is not None:
+            flat[f"{task}/num_examples"] = samples["effective"]
+        elif "sample_len" in metrics:
+            flat[f"{task}/num_examples"] = metrics["sample_len"]
+    if len(tasks) == 1:
+        (task,) = tasks
+        flat.update({key.split("/", 1)[1]: value for key, value in list(flat.items())})
+    return flat
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with numpy scalars, tuples and non-finite floats made JSON's (NaN → ``None``)."""
+    if isinstance(value, Mapping):
+        return {str(key): json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(item) for item in value]
+    if hasattr(value, "item") and callable(value.item):  # numpy / torch scalars
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)

@@ -1,0 +1,110 @@
+"""The package's scorer as an lm-evaluation-harness ``LM``: lm-eval builds the requests and computes
+the metrics; the log-likelihoods come from the package's batched, packed, sharded scoring."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from lm_eval.api.model import LM
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+from tango.common.exceptions import ConfigurationError
+
+from ..data.queries import Query, encode_pairs, prefix_token_id, token_ids
+from .scoring import Forward, score_on_all_ranks
+
+
+class ScorerLM(LM):
+    """lm-eval's ``LM`` over a model forward (a ``ModelWrapper``, or an engine's ``forward_eval``).
+
+    ``loglikelihood`` encodes the requests as lm-eval's HF backend does
+    (:mod:`tango_fairscale.data.queries`) and scores them in length-sorted batches of at most
+    ``batch_size`` queries and ``max_batch_tokens`` tokens, ``packed`` when the forward takes
+    packed batches (choices that share a context share it). Inside a process group, lm-eval runs
+    on every rank as if alone (every rank builds every request, so few-shot sampling does not
+    depend on the world size), each rank scores a slice of the requests and every rank gets all
+    answers (:func:`~tango_fairscale.evaluation.scoring.score_on_all_ranks`): call it on every
+    rank. ``loglikelihood_rolling`` scores lm-eval's disjoint windows the same way;
+    ``generate_until`` is refused (the tasks are checked before any scoring).
+    """
+
+    def __init__(
+        self,
+        forward: Forward,
+        tokenizer: Any,
+        *,
+        max_length: int,
+        device: torch.device,
+        batch_size: int,
+        max_batch_tokens: int | None = None,
+        packed: bool = False,
+        progress: bool = True,
+    ) -> None:
+        super().__init__()
+        self.forward = forward
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self.scoring_device = device
+        self.batch_size = batch_size
+        self.max_batch_tokens = max_batch_tokens
+        self.packed = packed
+        self.progress = progress
+
+    def loglikelihood(
+        self, requests: Sequence[Any], disable_tqdm: bool = False
+    ) -> list[tuple[float, bool]]:
+        pairs = [(request.args[0], request.args[1]) for request in requests]
+        return self._score(encode_pairs(self.tokenizer, pairs, self.max_length), disable_tqdm)
+
+    def loglikelihood_rolling(
+        self, requests: Sequence[Any], disable_tqdm: bool = False
+    ) -> list[float]:
+        texts = [request.args[0] for request in requests]
+        windows = [list(self._rolling_windows(ids)) for ids in token_ids(self.tokenizer, texts)]
+        answers = iter(self._score([query for w in windows for query in w], disable_tqdm))
+        return [sum(next(answers)[0] for _ in text_windows) for text_windows in windows]
+
+    def generate_until(self, requests: Sequence[Any], disable_tqdm: bool = False) -> list[str]:
+        raise ConfigurationError(
+            "the package scores log-likelihoods and does not generate text (generate_until)"
+        )
+
+    def _score(self, queries: list[Query], disable_tqdm: bool) -> list[tuple[float, bool]]:
+        return score_on_all_ranks(
+            self.forward,
+            queries,
+            batch_size=self.batch_size,
+            pad_token_id=self.tokenizer.pad_token_id,
+            device=self.scoring_device,
+            max_batch_tokens=self.max_batch_tokens,
+            packed=self.packed,
+            progress=self.progress and not disable_tqdm,
+        )
+
+    def _rolling_windows(self, ids: list[int]) -> Iterator[Query]:
+        """lm-eval's HF backend's windows of a text: each predicts its continuation from at most
+        ``max_length`` tokens, the first from the prefix token."""
+        windows = get_rolling_token_windows(
+            token_list=ids,
+            prefix_token=prefix_token_id(self.tokenizer),
+            max_seq_len=self.max_length,
+            context_len=1,
+        )
+        for context, continuation in map(make_disjoint_window, windows):
+            yield Query(tuple(context + continuation), len(continuation))
+
+
+@contextlib.contextmanager
+def scoring_precision(model: torch.nn.Module, precision: Any) -> Iterator[None]:
+    """Score under ``precision`` (a resolved :class:`~tango_fairscale.parallel.precision.
+    Precision`): autocast for the ``-mixed`` ones, the model cast for ``bf16-true``; without
+    gradients (not ``inference_mode``: autocast caches its casts of the weights only for tensors
+    that require gradients, and would re-cast every weight in every forward)."""
+    if precision.param_dtype != torch.float32:
+        model.to(precision.param_dtype)
+    device_type = next(model.parameters()).device.type
+    autocast = torch.autocast(device_type, precision.compute_dtype, enabled=precision.mixed)
+    with torch.no_grad(), autocast:
+        yield

@@ -1,0 +1,333 @@
+"""lm-evaluation-harness as the task library: task specs (a name, a YAML, a config; local data)
+loaded into lm-eval's own Task objects, checked up front, and their fine-tuning pairs."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tango.common import FromParams, Params
+from tango.common.dataset_dict import DatasetDictBase
+from tango.common.exceptions import ConfigurationError
+
+from .. import compat  # noqa: F401  (Tango fixes)
+from ..checks import did_you_mean, one_line, positive_int
+
+logger = logging.getLogger(__name__)
+
+#: The output types the package scores (log-likelihoods); ``generate_until`` tasks are refused.
+SCORED_OUTPUT_TYPES = ("multiple_choice", "loglikelihood", "loglikelihood_rolling")
+
+#: lm-eval's default few-shot seed (``simple_evaluate``'s ``fewshot_random_seed``).
+DEFAULT_FEWSHOT_SEED = 1234
+
+TaskDict = dict[str, Any]  # lm-eval's {"tasks": {name: Task}, "groups": ..., "group_map": ...}
+
+
+class _WithoutMetadataHint(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Custom kwargs can be passed to `--metadata`" not in record.getMessage()
+
+
+logging.getLogger("lm_eval.api.task").addFilter(_WithoutMetadataHint())
+
+
+@dataclass
+class TaskSpec(FromParams):
+    """One task (or group) of lm-evaluation-harness, as a config names it.
+
+    Give one of:
+
+    :param name: an lm-eval task, group or tag: ``"piqa"``, ``"mmlu_anatomy"``, ``"mmlu"``. A
+        plain string in a config stands for ``{name: ...}``.
+    :param yaml: a task YAML of your own (it may ``include:`` one of lm-eval's by path).
+    :param config: a task config as such a YAML holds it (``task``, ``dataset_path``, ...).
+
+    and optionally:
+
+    :param data_dir: a directory of ``<split>.jsonl`` files in the task's own schema, read
+        instead of its hub dataset (the task's prompts, choices and metrics are kept).
+    :param dataset: a Tango ``DatasetDict`` (e.g. ``{ref: "piqa"}``) read instead, likewise.
+    :param num_fewshot: few-shot examples per context (``null``: the task's own default, else 0).
+    :param fewshot_seed: seeds the choice of few-shot examples (lm-eval's default 1234).
+    :param limit: score only the first ``limit`` documents (``null``: all).
+
+    Example (Jsonnet)::
+
+        tasks: ["piqa", {name: "arc_easy", num_fewshot: 2}, {name: "hellaswag", limit: 500},
+                {name: "winogrande", data_dir: "/data/winogrande"}]
+    """
+
+    name: str | None = None
+    yaml: str | None = None
+    config: dict[str, Any] | None = None
+    data_dir: str | None = None
+    dataset: DatasetDictBase | None = None
+    num_fewshot: int | None = None
+    fewshot_seed: int = DEFAULT_FEWSHOT_SEED
+    limit: int | None = None
+
+    def __post_init__(self) -> None:
+        given = [field for field in ("name", "yaml", "config") if getattr(self, field) is not None]
+        if len(given) != 1:
+            raise ConfigurationError(
+                f"a task needs exactly one of 'name', 'yaml' or 'config', got {given or 'none'}"
+            )
+        if self.data_dir is not None and self.dataset is not None:
+            raise ConfigurationError("give a task 'data_dir' or 'dataset', not both")
+        if self.num_fewshot is not None and (
+            isinstance(self.num_fewshot, bool)
+            or not isinstance(self.num_fewshot, int)
+            or self.num_fewshot < 0
+        ):
+            raise ConfigurationError(
+                f"num_fewshot must be 0, a positive integer or null, got {self.num_fewshot!r}"
+            )
+        positive_int("limit", self.limit, optional=True)
+        if self.config is not None and not isinstance(self.config, dict):
+            raise ConfigurationError(f"a task 'config' must be an object, got {self.config!r}")
+
+    @classmethod
+    def from_params(  # type: ignore[override]
+        cls, params_: Any, *args: Any, **kwargs: Any
+    ) -> TaskSpec:
+        if isinstance(params_, str):  # a bare task name
+            return cls(name=params_)
+        if isinstance(params_, Params) and set(params_.keys()) == {"type"}:  # Tango's form of it
+            return cls(name=params_.pop("type"))
+        if isinstance(params_, Params) and isinstance(params_.get("config"), Mapping):
+            # Passed as it is: Tango would try to build its values as components.
+            config = params_.pop("config").as_dict(quiet=True)
+            return super().from_params(params_, *args, config=config, **kwargs)
+        return super().from_params(params_, *args, **kwargs)
+
+    @property
+    def label(self) -> str:
+        """The task's name, for messages and result keys."""
+        if self.name is not None:
+            return self.name
+        if self.yaml is not None:
+            return Path(self.yaml).stem
+        assert self.config is not None
+        return str(self.config.get("task") or self.config.get("group") or "task")
+
+
+# --- loading ------------------------------------------------------------------------------------
+
+
+def load_tasks(spec: TaskSpec) -> TaskDict:
+    """lm-eval's tasks for ``spec`` (a group's leaves too), with its few-shot settings applied as
+    ``lm_eval.simple_evaluate`` applies them. Raises one-line ``ConfigurationError`` s for an
+    unknown name (with the closest), a task that generates text, a dataset that cannot be
+    reached offline, a task YAML that does not parse."""
+    manager, item = _source(spec)
+    try:
+        loaded = manager.load([item])
+    except KeyError as error:
+        reason = one_line(error)
+        if "not a registered" in reason:
+            raise ConfigurationError(f"unknown lm-eval task {spec.label!r}: {reason}") from None
+        raise ConfigurationError(f"task {spec.label!r}: missing {reason}") from None
+    except (ConnectionError, RuntimeError, FileNotFoundError) as error:
+        raise ConfigurationError(_unreachable(spec, error)) from None
+    except (TypeError, ValueError) as error:  # a key TaskConfig does not take, a bad value
+        raise ConfigurationError(f"task {spec.label!r}: {one_line(error, 300)}") from None
+    for name, task in loaded["tasks"].items():
+        _check_output_type(name, task.get_config("output_type") or "generate_until")
+        if spec.num_fewshot is not None:
+            if task.get_config("num_fewshot") != 0:  # lm-eval keeps a YAML's explicit 0
+                task.set_config(key="num_fewshot", value=spec.num_fewshot)
+        elif task.get_config("num_fewshot") is None:
+            task.set_config(key="num_fewshot", value=0)
+        task.set_fewshot_seed(seed=spec.fewshot_seed)
+    return loaded
+
+
+def _source(spec: TaskSpec) -> tuple[Any, Any]:
+    """The ``TaskManager`` to load ``spec`` with and what to pass to its ``load``."""
+    from lm_eval.tasks import TaskManager
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    local = spec.data_dir is not None or spec.dataset is not None
+    if spec.config is not None:
+        config = dict(spec.config)
+    elif spec.yaml is not None:
+        path = Path(spec.yaml).expanduser()
+        if not path.is_file():
+            raise ConfigurationError(f"task YAML {spec.yaml!r} does not exist")
+        try:
+            config = load_yaml(path.resolve(), resolve_func=True)
+        except Exception as error:  # yaml's errors, a missing include, a bad !function
+            raise ConfigurationError(
+                f"task YAML {spec.yaml!r} does not parse: {one_line(error, 300)}"
+            ) from None
+    else:
+        assert spec.name is not None
+        kind, yaml_path = _builtin_index().get(spec.name, (None, None))
+        if kind is None:
+            close = did_you_mean(spec.name, _builtin_index(), n=3)
+            raise ConfigurationError(f"unknown lm-eval task {spec.name!r}{close}")
+        if kind != "TASK" or yaml_path is None:  # groups, tags and Python tasks
+            if local:
+                raise ConfigurationError(
+                    f"{spec.name!r} is an lm-eval {kind.lower()}: give 'data_dir' or 'dataset' "
+                    "to its tasks one by one"
+                )
+            return _full_task_manager(), spec.name
+        config = load_yaml(Path(yaml_path), resolve_func=True)
+    _check_output_type(spec.label, config.get("output_type", "generate_until"))
+    if spec.data_dir is not None:
+        files = _data_files(spec.data_dir, spec.label)
+        config.update(dataset_path="json", dataset_name=None)
+        config["dataset_kwargs"] = {"data_files": files}
+        _keep_splits(config, list(files), spec.label)
+    elif spec.dataset is not None:
+        config["custom_dataset"] = _Documents(spec.dataset)
+        config["dataset_kwargs"] = None
+        present = [split for split in spec.dataset.keys() if len(spec.dataset[split])]
+        _keep_splits(config, present, spec.label)
+    return TaskManager(include_defaults=False), config
+
+
+def _keep_splits(config: dict[str, Any], present: list[str], task: str) -> None:
+    """Forget the splits of ``config`` that local data does not hold (a task scores its test
+    split, else its validation split; few-shot examples come from its training split, else from
+    the one it scores): one of the two it can score must be there."""
+    evaluated = [config.get(key) for key in ("test_split", "validation_split") if config.get(key)]
+    if not any(split in present for split in evaluated):
+        raise ConfigurationError(
+            f"task {task!r} scores split {' or '.join(map(repr, evaluated))}, which its data "
+            f"does not hold (its documents: {', '.join(map(repr, present)) or 'none'})"
+        )
+    for key in ("training_split", "validation_split", "test_split", "fewshot_split"):
+        if config.get(key) is not None and config[key] not in present:
+            config[key] = None
+    fewshot = config.get("fewshot_config")
+    if isinstance(fewshot, dict) and fewshot.get("split") not in (None, *present):
+        config["fewshot_config"] = {**fewshot, "split": None}
+
+
+def _check_output_type(task: str, output_type: str) -> None:
+    if output_type not in SCORED_OUTPUT_TYPES:
+        raise ConfigurationError(
+            f"task {task!r} has output_type {output_type!r}: the package scores log-likelihoods "
+            f"({', '.join(SCORED_OUTPUT_TYPES)}) and does not generate text; choose another task"
+        )
+
+
+def _data_files(data_dir: str, task: str) -> dict[str, str]:
+    directory = Path(data_dir).expanduser()
+    files = {path.stem: str(path.resolve()) for path in sorted(directory.glob("*.jsonl"))}
+    if not files:
+        raise ConfigurationError(
+            f"task {task!r}: data_dir {data_dir!r} holds no <split>.jsonl files"
+        )
+    return files
+
+
+def _unreachable(spec: TaskSpec, error: BaseException) -> str:
+    return (
+        f"task {spec.label!r}: its dataset cannot be loaded ({type(error).__name__}: "
+        f"{one_line(error, 200)}); offline, give its files as data_dir=<directory of "
+        "<split>.jsonl files in the task's schema> (or dataset=<a Tango DatasetDict step>)"
+    )
+
+
+class _Documents:
+    """A Tango ``DatasetDict`` handed to lm-eval as a task's ``custom_dataset`` (lm-eval's warning
+    about the ``--metadata`` of custom datasets, which do not take any here, is left out)."""
+
+    def __init__(self, dataset: DatasetDictBase) -> None:
+        self.splits = {
+            split: list(dataset[split]) for split in dataset.keys() if len(dataset[split])
+        }
+
+    def __call__(self, **_: Any) -> Any:
+        import datasets
+
+        return datasets.DatasetDict(
+            {split: datasets.Dataset.from_list(docs) for split, docs in self.splits.items()}
+        )
+
+
+@functools.cache
+def _full_task_manager() -> Any:
+    """lm-eval's ``TaskManager`` over its own tasks (indexing them takes ~7 s: once a process)."""
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager()
+
+
+@functools.cache
+def _builtin_index() -> dict[str, tuple[str, str | None]]:
+    """``{name: (kind, YAML path)}`` of every task, group and tag lm-eval ships, kept in a cache
+    file per lm-eval installation (building it parses ~14,000 YAML files)."""
+    import lm_eval
+    import lm_eval.tasks
+    from cached_path import get_cache_dir
+
+    tasks_dir = Path(lm_eval.tasks.__file__).resolve().parent
+    installation = hashlib.sha256(str(tasks_dir).encode()).hexdigest()[:12]
+    key = f"{lm_eval.__version__}-{installation}"
+    cache = Path(get_cache_dir()) / "tango_fairscale-lm_eval" / f"index-{key}.json"
+    try:
+        stored = json.loads(cache.read_text())
+        if stored.get("tasks_dir") == str(tasks_dir):
+            return {name: (kind, path) for name, (kind, path) in stored["entries"].items()}
+    except (OSError, ValueError, KeyError):
+        pass
+    from lm_eval.tasks._index import TaskIndex
+
+    index = TaskIndex().build([tasks_dir])
+    entries = {
+        name: (entry.kind.name, None if entry.yaml_path is None else str(entry.yaml_path))
+        for name, entry in index.items()
+    }
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    partial = cache.with_suffix(f".{os.getpid()}.tmp")
+    partial.write_text(json.dumps({"tasks_dir": str(tasks_dir), "entries": entries}))
+    os.replace(partial, cache)
+    return entries
+
+
+# --- fine-tuning -------------------------------------------------------------------------------
+
+
+def training_pairs(task: Any, name: str) -> list[tuple[str, str]]:
+    """(context, continuation) of the correct choice of every training document of a
+    multiple-choice ``task``, formatted as lm-eval formats its requests (its few-shot setting
+    included): the rank-classification fine-tuning objective."""
+    if task.get_config("output_type") != "multiple_choice":
+        raise ConfigurationError(
+            f"training needs a multiple_choice task; {name!r} has output_type "
+            f"{task.get_config('output_type')!r}"
+        )
+    if not task.has_training_docs():
+        raise ConfigurationError(
+            f"task {name!r} has no training split (training_split is not set); train on another "
+            "task or give one with a 'config' or 'yaml' of your own"
+        )
+    num_fewshot = task.get_config("num_fewshot") or 0
+    pairs = []
+    for doc_id, doc in enumerate(task.training_docs()):
+        context = task.fewshot_context(doc, num_fewshot)
+        requests = task.construct_requests(doc=doc, ctx=context, metadata=(name, doc_id, 1))
+        gold = task.doc_to_text(doc) if task.multiple_input else task.doc_to_target(doc)
+        if isinstance(gold, list):
+            gold = gold[0]
+        if isinstance(gold, str):
+            gold = task.doc_to_choice(doc).index(gold)
+        if not 0 <= gold < len(requests):
+            raise ConfigurationError(
+                f"task {name!r}: training document {doc_id} has no correct choice (target "
+                f"{gold!r}); train on a labelled split"
+            )
+        pairs.append(tuple(requests[gold].args[:2]))
+    return pairs
