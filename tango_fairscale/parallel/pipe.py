@@ -1,9 +1,10 @@
-"""Pipeline parallelism: GPT-2 cut into stages on several devices, driven by one process.
+"""Pipeline parallelism: a decoder cut into stages on several devices, driven by one process.
 
 FairScale's ``Pipe`` (GPipe schedule: every micro-batch forward, then every backward) runs the
-stages that :mod:`tango_fairscale.model.stages` builds. The engine's ``forward_train`` /
-``forward_eval`` take the same batches and return the same outputs as every other engine, so the
-training loop, in-loop validation and consolidation need not know which stage is the last.
+stages that :mod:`tango_fairscale.model.stages` builds (GPT-2, the Llama family, GPT-NeoX, OPT).
+The engine's ``forward_train`` / ``forward_eval`` take the same right-padded batches and return
+the same outputs as every other engine, so the training loop, in-loop validation and
+consolidation need not know which stage is the last.
 """
 
 from __future__ import annotations
@@ -23,13 +24,7 @@ from torch import nn
 from ..checks import positive_int
 from ..model.causal_lm import ModelWrapper
 from ..model.loss import loss_outputs
-from ..model.stages import (
-    StagePrecision,
-    TiedWeight,
-    auto_balance,
-    gpt2_layers,
-    num_blocks,
-)
+from ..model.stages import StagePrecision, TiedWeight, auto_balance, build_stages, num_layers
 from .engine import Engine
 
 CHECKPOINT_MODES = ("never", "always", "except_last")
@@ -51,8 +46,8 @@ class _Pipeline(Pipeline):
 class PipelinedModel(nn.Module):
     """The :class:`ModelWrapper` (as ``module``, so ``unwrap`` finds it) and its ``Pipe``.
 
-    ``forward`` has ``ModelWrapper.forward``'s signature and outputs, which it returns on
-    ``output_device`` whichever device the last stage is on.
+    ``forward`` takes ``ModelWrapper.forward``'s right-padded batches (never packed ones) and
+    returns its outputs, on ``output_device`` whichever device the last stage is on.
     """
 
     def __init__(
@@ -69,27 +64,38 @@ class PipelinedModel(nn.Module):
         self.tied = tied
 
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        labels: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        query_ids: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
+        if position_ids is not None or query_ids is not None:
+            raise ValueError(
+                "the pipe engine takes right-padded batches only: Pipe cuts a batch into "
+                "micro-batches of rows, which packed rows would tie together"
+            )
+        del attention_mask
         first = self.pipe.devices[0]
-        # As ModelWrapper.forward: position t is predicted from positions < t.
-        inputs = (
-            input_ids[:, :-1].to(first),
-            attention_mask[:, :-1].to(first),
-            labels[:, 1:].to(first),
-        )
+        # As ModelWrapper.forward: position t is predicted from positions < t, and the padding
+        # mask is not needed (padding only follows a row's tokens). Only batch-first tensors
+        # cross the stages, so that Pipe can cut every one of them into micro-batches.
+        inputs = (input_ids[:, :-1].to(first), labels[:, 1:].to(first))
         outputs = self.pipe(inputs)
         return loss_outputs(*(tensor.to(self.output_device) for tensor in outputs))
 
 
 @TrainingEngine.register("tango_fairscale::pipe")
 class PipeEngine(Engine):
-    """FairScale ``Pipe``: the model's blocks split over ``devices``, batches cut into ``chunks``.
+    """FairScale ``Pipe``: the model's layers split over ``devices``, batches cut into ``chunks``.
 
     Registered as a Tango ``TrainingEngine`` under the name ``"tango_fairscale::pipe"``.
-    One process drives every stage (run it with ``device_count: 1``).
+    One process drives every stage (run it with ``device_count: 1``). It splits the model types
+    :data:`~tango_fairscale.model.stages.SUPPORTED` (GPT-2; Llama, SmolLM, Mistral, Qwen2/3,
+    SmolLM3, Gemma 1-3; GPT-NeoX; OPT) and refuses any other in one line.
 
-    :param balance: transformer blocks per stage, e.g. ``[6, 6]`` (the embeddings join the first
+    :param balance: decoder layers per stage, e.g. ``[6, 6]`` (the embeddings join the first
         stage, the final norm, LM head and loss the last); ``null`` balances the parameter count
         over ``len(devices)`` stages.
     :param chunks: micro-batches each batch is cut into (at most the rows of a batch,
@@ -101,8 +107,9 @@ class PipeEngine(Engine):
     :param precision: as every engine (autocast is applied inside each stage).
     :param max_grad_norm: clip the global gradient norm.
 
-    GPT-2's LM head is tied to its token embedding; the last stage holds a copy of that weight
-    whose gradient is added to the embedding's before each step and which is refreshed after it.
+    An LM head tied to the token embedding (GPT-2, OPT, SmolLM, Gemma): the last stage holds a
+    copy of that weight whose gradient is added to the embedding's before each step and which is
+    refreshed after it.
 
     Example (Jsonnet)::
 
@@ -141,7 +148,7 @@ class PipeEngine(Engine):
             or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in balance)
         ):
             raise ConfigurationError(
-                f"balance must be a list of positive block counts per stage (or null), "
+                f"balance must be a list of positive layer counts per stage (or null), "
                 f"got {balance!r}"
             )
         self.devices = resolve_devices(devices)
@@ -165,30 +172,32 @@ class PipeEngine(Engine):
         )
 
     def _wrap_model(self, model: ModelWrapper) -> Model:
-        blocks = num_blocks(model)  # refuses models that are not GPT-2-like
+        layers = num_layers(model.model)  # refuses models it cannot split
         if self.balance is None:
-            self.balance = auto_balance(model, len(self.devices))
-        elif sum(self.balance) != blocks:
+            self.balance = auto_balance(model.model, len(self.devices))
+        elif sum(self.balance) != layers:
             raise ConfigurationError(
-                f"balance {self.balance} sums to {sum(self.balance)} but the model has {blocks} "
-                f"transformer blocks; make the entries sum to {blocks}"
+                f"balance {self.balance} sums to {sum(self.balance)} but the model has {layers} "
+                f"decoder layers; make the entries sum to {layers}"
             )
         devices = self.devices[: len(self.balance)]
         precision = StagePrecision(self.precision.compute_dtype, self.precision.mixed)
-        layers = gpt2_layers(model, self.balance, devices[-1], precision)
+        stages = build_stages(
+            model.model, self.balance, devices[-1], precision, model.logit_transform
+        )
         # Pipe moves each stage's modules (the wrapper's own modules) to its device.
         with warnings.catch_warnings():
             # "upstreamed to torch.distributed.pipeline.sync": that module is gone from torch.
             warnings.filterwarnings("ignore", "fairscale.nn.Pipe has been upstreamed")
             pipe = Pipe(
-                layers.layers,
-                balance=layers.balance,
+                stages.stages,
+                balance=[1] * len(stages.stages),
                 devices=devices,
                 chunks=self.chunks,
                 checkpoint=self.checkpoint,
             )
         pipe.pipeline.__class__ = _Pipeline
-        self.tied = layers.tied
+        self.tied = stages.tied
         if self.tied is not None:
             self.tied.sync()
         return PipelinedModel(model, pipe, self.device, self.tied)  # type: ignore[return-value]
@@ -199,7 +208,7 @@ class PipeEngine(Engine):
 
     @property
     def accepts_packed_batches(self) -> bool:
-        # Pipe cuts batches into micro-batches of rows, and its layers pass a padding mask on.
+        # Pipe cuts batches into micro-batches of rows; packed rows would tie them together.
         return False
 
     @property

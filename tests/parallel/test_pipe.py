@@ -1,21 +1,37 @@
-"""The pipe engine (GPT-2 in 2 CPU stages, 4 micro-batches) reproduces DDP; bad configs fail."""
+"""The pipe engine (2 CPU stages, 4 micro-batches) reproduces DDP for GPT-2 and every other
+family it splits; bad configs and other models fail in one line."""
 
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import assert_same_training, train_in, train_tiny, training_queries
+from families import FAMILY_CONFIGS, VOCAB, save_tiny_model
 from tango.common import Lazy, Params
 from tango.common.exceptions import ConfigurationError
 from tango.integrations.torch import Model, TrainConfig, TrainingEngine
 
-from tango_fairscale.data.batches import collate
+from tango_fairscale.data.batches import collate, packed_batch
 from tango_fairscale.model.causal_lm import ModelWrapper
-from tango_fairscale.model.stages import partition
+from tango_fairscale.model.stages import Stage
 from tango_fairscale.parallel.pipe import PipeEngine
 from tango_fairscale.train.log import read_training_log
 
 PIPE = "tango_fairscale::pipe"
+
+
+@pytest.fixture(scope="session")
+def family_model_dir(tmp_path_factory, tokenizer_dir):
+    """``family_model_dir(name)``: the family's tiny model (``tests/families.py``), saved once."""
+    saved: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in saved:
+            directory = tmp_path_factory.mktemp(name)
+            saved[name] = save_tiny_model(name, directory, tokenizer_dir)
+        return saved[name]
+
+    return get
 
 
 @pytest.mark.parametrize("checkpoint", ["never", "always", "except_last"])
@@ -53,12 +69,16 @@ def test_resume_matches_ddp(ddp_reference, tmp_path, tiny_model_dir, piqa_small)
     assert_same_training(ddp_reference, log, state)
 
 
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
-def test_forward_equals_model_wrapper(precision, tmp_path, tiny_model_dir, piqa_small) -> None:
+def test_forward_equals_model_wrapper(
+    precision, name, tmp_path, family_model_dir, piqa_small
+) -> None:
     """Outputs equal ModelWrapper.forward under the same autocast (applied inside the stages),
     also for a batch with fewer rows than chunks (the last validation batch)."""
-    reference = ModelWrapper(str(tiny_model_dir))
-    built = engine(tmp_path, tiny_model_dir, precision=precision, chunks=4)
+    model_dir = family_model_dir(name)
+    reference = ModelWrapper(str(model_dir))
+    built = engine(tmp_path, model_dir, precision=precision, chunks=4)
     queries = training_queries(list(piqa_small["train"])[:6], reference.tokenizer, 128)
     for rows in (6, 1):
         batch = collate(queries[:rows], reference.pad_token_id)
@@ -99,8 +119,8 @@ def assert_one_line(error: pytest.ExceptionInfo, *parts: str) -> None:
 @pytest.mark.parametrize(
     "params, parts",
     [
-        ({"balance": [1, 2]}, ("sums to 3", "2 transformer blocks", "sum to 2")),
-        ({"balance": [1, 0, 1]}, ("positive block counts",)),
+        ({"balance": [1, 2]}, ("sums to 3", "2 decoder layers", "sum to 2")),
+        ({"balance": [1, 0, 1]}, ("positive layer counts",)),
         ({"balance": [1, 1], "devices": ["cpu"]}, ("2 stages", "only 1", "add devices")),
         ({"chunks": 0}, ("chunks must be a positive integer",)),
         ({"checkpoint": "sometimes"}, ("never, always, except_last", "'sometimes'")),
@@ -137,30 +157,91 @@ def test_chunks_larger_than_micro_batch(tmp_path, tiny_model_dir, piqa_small) ->
 
 
 def test_other_architectures_are_refused(tmp_path, tokenizer_dir) -> None:
-    model_dir = tmp_path / "llama"
+    model_dir = tmp_path / "bloom"
     ModelWrapper(
         config={
-            "model_type": "llama",
-            "num_hidden_layers": 2,
+            "model_type": "bloom",
+            "n_layer": 2,
             "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_attention_heads": 2,
-            "num_key_value_heads": 2,
-            "vocab_size": 50257,
+            "n_head": 2,
+            "vocab_size": VOCAB,
         },
         tokenizer=str(tokenizer_dir),
     ).save(model_dir)
     with pytest.raises(ConfigurationError) as error:
         engine(tmp_path, model_dir)
-    assert_one_line(error, "cannot split LlamaForCausalLM", "supported: GPT-2")
+    assert_one_line(
+        error,
+        "the pipe engine cannot split BloomForCausalLM (model_type 'bloom')",
+        "it splits model types gemma, gemma2, gemma3_text, gpt2, gpt_neox, llama, mistral, opt, "
+        "qwen2, qwen3, smollm3",
+        "use engine ddp, fairscale or fsdp2 for other models",
+    )
+
+
+OTHER_FAMILIES = sorted(set(FAMILY_CONFIGS) - {"gpt2", "llama"})
+
+
+@pytest.mark.parametrize(
+    "name", ["llama", *(pytest.param(name, marks=pytest.mark.slow) for name in OTHER_FAMILIES)]
+)
+def test_family_matches_ddp(name, tmp_path, family_model_dir, piqa_small) -> None:
+    """20 steps (clipping, validation) through 2 CPU stages and 4 micro-batches, checkpointing
+    all but the last, equal DDP's losses, weights and accuracies; a tied head stays tied."""
+    model_dir = family_model_dir(name)
+    reference = train_tiny(tmp_path / "ddp", model_dir, piqa_small)
+    trained = train_tiny(
+        tmp_path / "pipe",
+        model_dir,
+        piqa_small,
+        PIPE,
+        1,
+        balance=[1, 1],
+        chunks=4,
+        checkpoint="except_last",
+        devices=["cpu", "cpu"],
+    )
+    assert_same_training(reference, trained.training_log, trained.state_dict())
+    untrained = ModelWrapper(str(model_dir))
+    assert is_tied(trained.model) == is_tied(untrained.model)
+    trained_state = trained.state_dict()
+    moved = max((trained_state[k] - v).abs().max() for k, v in untrained.state_dict().items())
+    assert moved > 1e-3  # the comparison is not between two untrained models
+
+
+def is_tied(model) -> bool:
+    return model.get_output_embeddings().weight is model.get_input_embeddings().weight
+
+
+def test_every_stage_sees_every_micro_batch(tmp_path, family_model_dir, piqa_small) -> None:
+    """Only batch-first tensors cross the stages: a batch of 4 rows in 2 chunks runs each stage
+    twice (a tensor of first dimension 1, such as rotary cos/sin, would make it once)."""
+    built = engine(tmp_path, family_model_dir("llama"), chunks=2)
+    stages = [module for module in built.model.pipe.modules() if isinstance(module, Stage)]
+    calls = [0] * len(stages)
+    for index, stage in enumerate(stages):
+        stage.register_forward_hook(
+            lambda *_, index=index: calls.__setitem__(index, calls[index] + 1)
+        )
+    wrapper = built.wrapped_model
+    queries = training_queries(list(piqa_small["train"])[:4], wrapper.tokenizer, 128)
+    built.forward_eval(collate(queries, wrapper.pad_token_id))
+    assert calls == [2, 2]
+
+
+def test_packed_batches_are_refused(tmp_path, family_model_dir, piqa_small) -> None:
+    """The model's attention takes packed batches (sdpa), the pipe never does."""
+    built = engine(tmp_path, family_model_dir("llama"))
+    wrapper = built.wrapped_model
+    assert wrapper.supports_packing and not built.accepts_packed_batches
+    queries = training_queries(list(piqa_small["train"])[:4], wrapper.tokenizer, 128)
+    with pytest.raises(ValueError, match="right-padded batches only"):
+        built.forward_eval(packed_batch(queries, wrapper.pad_token_id))
 
 
 def test_automatic_balance(tmp_path, tiny_model_dir) -> None:
-    """By parameter count, each stage with at least one block; the default is two CPU stages."""
-    assert partition([1, 1, 1, 1], 2) == [2, 2]
-    assert partition([1, 1, 1, 1], 2, first=2) == [1, 3]
-    assert partition([5, 1, 1, 1, 1, 1], 3)[0] == 1
-    assert partition([1, 1], 4) == [1, 1]
+    """balance null: by parameter count (tests/model/test_stages.py) over the default devices,
+    two CPU stages."""
     built = engine(tmp_path, tiny_model_dir)
     assert built.balance == [1, 1]
     assert built.stage_devices == [torch.device("cpu")] * 2
