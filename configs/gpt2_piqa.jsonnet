@@ -15,31 +15,28 @@
 //   seed           seed of the data order                                                   42
 //   validate_every steps between in-training PIQA validation accuracies                    500
 //   limit          at most this many examples per split; 0 = all                            0
+//   warmup_steps   steps of linear learning-rate warmup                                     0
+//   lr_decay       after warmup: constant | linear | cosine (to 0 at the last step)         constant
+//   log_every      steps between logged losses, throughput and memory                      10
 //
 // Steps: `piqa` (the official files' documents), `trained_model` (absent when train_steps=0),
 // `predictions` (lm-eval's `piqa` task scored: requests, log-likelihoods, lm-eval's results) and
 // `metrics` (acc, acc_norm, their standard errors, num_examples of the validation split).
 local engines = import 'lib/engines.libsonnet';
 
-// `-D name=value` values arrive as strings: check them here so that a bad one is named.
-local onlyChars(text, allowed) =
-  std.length(text) > 0 && std.all([std.member(allowed, c) for c in std.stringChars(text)]);
-local int(name) =
-  local text = std.extVar(name);
-  local unsigned = if std.startsWith(text, '-') then std.substr(text, 1, std.length(text))
-                   else text;
-  if onlyChars(unsigned, '0123456789') then std.parseInt(text)
-  else error '-D %s must be an integer, got "%s"' % [name, text];
-local number(name) =
-  local text = std.extVar(name);
-  if onlyChars(text, '0123456789.eE+-') && onlyChars(text[std.length(text) - 1], '0123456789')
-  then std.parseJson(text)
-  else error '-D %s must be a number, got "%s"' % [name, text];
+local variables = import 'lib/variables.libsonnet';
+local int = variables.int;
+local number = variables.number;
 local model_path = std.extVar('model');
 local data_dir = std.extVar('data_dir');
 local train_steps = int('train_steps');
 local limit = int('limit');
 local lr = number('lr');
+local schedule = {
+  warmup_steps: int('warmup_steps'),
+  train_steps: train_steps,
+  decay: std.extVar('lr_decay'),
+};
 
 local model = { type: 'tango_fairscale::causal_lm', model: model_path };
 local ref(name) = { type: 'ref', ref: name };
@@ -63,13 +60,14 @@ local piqa = { name: 'piqa', dataset: ref('piqa') };
     [if train_steps > 0 then 'trained_model']: {
       type: 'tango_fairscale::train',
       model: model,
-      engine: engines.engine(std.extVar('engine'), std.extVar('precision'), lr),
+      engine: engines.engine(std.extVar('engine'), std.extVar('precision'), lr, schedule),
       task: piqa,
       train_steps: train_steps,
       batch_size: int('batch_size'),
       seed: int('seed'),
       device_count: int('device_count'),
       validate_every: int('validate_every'),
+      log_every: int('log_every'),
       // Speed only (not in the cache key): queries packed end to end instead of padded rows
       // (the pipe engine cuts batches into rows and takes padded ones).
       pack_sequences: std.extVar('engine') != 'pipe',

@@ -1,6 +1,7 @@
-// Engine configs by name: `engine(name, precision, lr)` gives the `engine` field of the train step.
-// The sharded engines share one `sharding` block (tango_fairscale.wrapping.ShardingConfig); its
-// defaults shard each transformer block.
+// Engine configs by name: `engine(name, precision, lr, schedule)` gives the `engine` field of the
+// train step; `schedule` is {warmup_steps, train_steps, decay} (tango_fairscale::warmup). The
+// sharded engines share one `sharding` block (tango_fairscale.parallel.sharding.ShardingConfig);
+// its defaults shard each transformer block.
 local optimizer(lr) = { type: 'torch::AdamW', lr: lr, weight_decay: 0.0 };
 
 local engines = {
@@ -12,9 +13,14 @@ local engines = {
 };
 
 {
-  engine(name, precision, lr)::
+  engine(name, precision, lr, schedule)::
     if std.objectHas(engines, name) then
-      engines[name] { precision: precision, optimizer: optimizer(lr) }
+      engines[name] {
+        precision: precision,
+        optimizer: optimizer(lr),
+        [if schedule.warmup_steps > 0 || schedule.decay != 'constant' then 'lr_scheduler']:
+          { type: 'tango_fairscale::warmup' } + schedule,
+      }
     else
       error "unknown engine '%s'; choose one of ddp, fairscale, fsdp2, pipe" % name,
 }

@@ -87,6 +87,8 @@ class ModelWrapper(Model):
         self.logit_transform = logit_transform(self.model.config)
         vocab_size = int(self.model.config.get_text_config().vocab_size)
         check_fast_path(self.model, self.logit_transform, vocab_size)
+        #: Parameters of the model (tied ones once), counted before any engine shards them.
+        self.num_parameters = sum(parameter.numel() for parameter in self.model.parameters())
         #: Logged training metrics by step (set by the training step and the stored format).
         self.training_log: list[dict[str, Any]] = []
         self.tokenizer = load_tokenizer(tokenizer_source)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
 from tango.common.exceptions import ConfigurationError
@@ -32,15 +33,22 @@ def resume_hint(checkpoints: Path) -> str:
     return f"rerun the same command to resume from {where}"
 
 
-def save_checkpoint(engine: Engine, checkpoints: Path, step: int, is_main: bool) -> None:
-    """Write step ``step``'s checkpoint on every rank and make it ``latest`` (call on all ranks).
+def save_checkpoint(
+    engine: Engine,
+    checkpoints: Path,
+    step: int,
+    is_main: bool,
+    extra: dict[str, Any] | None = None,
+) -> None:
+    """Write step ``step``'s checkpoint on every rank and make it ``latest`` (call on all ranks);
+    ``extra`` (plain data: callbacks' states, ...) is kept with the step and the RNG state.
 
     A failed write (a full disk, a lost mount) raises :class:`TrainingStopped` and leaves the
     previous checkpoint ``latest``.
     """
     name = f"step{step:07d}"
     partial = checkpoints / f".partial-{name}"
-    client_state = {"step": step, "rng": torch.get_rng_state()}
+    client_state = {**(extra or {}), "step": step, "rng": torch.get_rng_state()}
     try:
         engine.save_checkpoint(partial, client_state)
     except OSError as error:
@@ -61,17 +69,18 @@ def save_checkpoint(engine: Engine, checkpoints: Path, step: int, is_main: bool)
     barrier()
 
 
-def resume(engine: Engine, checkpoints: Path, is_main: bool) -> int:
-    """Load the newest complete checkpoint into ``engine``; return its step (0 when there is
-    none). A checkpoint that cannot be loaded (truncated, of another model, holding pickled code)
-    is refused in one line naming it. Call on every rank."""
+def resume(engine: Engine, checkpoints: Path, is_main: bool) -> dict[str, Any]:
+    """Load the newest complete checkpoint into ``engine``; return what :func:`save_checkpoint`
+    kept with it (``step``, ``extra``'s keys; ``{}`` when there is none). A checkpoint that
+    cannot be loaded (truncated, of another model, holding pickled code) is refused in one line
+    naming it. Call on every rank."""
     if is_main:
         for partial in checkpoints.glob(".partial-*"):
             shutil.rmtree(partial)
     barrier()
     latest = checkpoints / "latest"
     if not latest.is_file():
-        return 0
+        return {}
     directory = checkpoints / latest.read_text().strip()
     try:
         client_state = engine.load_checkpoint(directory)
@@ -82,8 +91,8 @@ def resume(engine: Engine, checkpoints: Path, is_main: bool) -> int:
             f"checkpoint {directory} cannot be loaded ({reason(error)}); delete {checkpoints} "
             "to start this step over"
         ) from None
-    torch.set_rng_state(client_state["rng"])
-    return int(client_state["step"])
+    torch.set_rng_state(client_state.pop("rng"))
+    return client_state
 
 
 def _write_atomically(path: Path, text: str) -> None:

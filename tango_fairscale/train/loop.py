@@ -5,36 +5,26 @@ from __future__ import annotations
 
 import importlib
 import logging
-import os
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from tango.common import Lazy, Tqdm
+from tango.common import Lazy
 from tango.common.exceptions import ConfigurationError
-from tango.integrations.torch import Model, TrainConfig, TrainingEngine
+from tango.integrations.torch import Model, TrainCallback, TrainConfig, TrainingEngine
 
-from ..data.batches import training_batch
-from ..data.queries import Query, encode_pairs
-from ..data.schedules import BatchSchedule
-from ..evaluation.harness import evaluate_task, merge, summary
-from ..evaluation.lm import ScorerLM
 from ..parallel.engine import Engine
-from ..runtime.process_group import barrier, join_process_group, leave_process_group
-from ..runtime.signals import Preemption
-from ..tasks.lm_eval import TaskDict, TaskSpec, load_tasks
-from .checkpoints import TrainingStopped, resume, resume_hint, save_checkpoint
-from .guards import NonFiniteGuard, any_rank
-from .log import TRAINING_LOG, TrainingLog
+from ..runtime.process_group import join_process_group, leave_process_group
+from ..tasks.lm_eval import TaskSpec
+from .run import FINAL_WEIGHTS, TrainingRun
+
+__all__ = ["FINAL_WEIGHTS", "TrainPlan", "build_engine", "train", "train_worker"]
 
 logger = logging.getLogger(__name__)
-
-#: Where rank 0 leaves the consolidated model for the launching process.
-FINAL_WEIGHTS = "final_weights.pt"
 
 
 @dataclass
@@ -54,6 +44,11 @@ class TrainPlan:
     pack_sequences: bool = False
     #: Modules that register the model's and engine's types: spawned processes import them.
     component_modules: tuple[str, ...] = ()
+    callbacks: list[Lazy[TrainCallback]] = field(default_factory=list)
+    #: The Tango workspace the step runs in (for callbacks).
+    workspace: Any = None
+    #: The summary key handed to callbacks as ``val_metric`` (higher is better).
+    val_metric: str | None = None
 
     @property
     def checkpoints(self) -> Path:
@@ -92,153 +87,49 @@ def build_engine(plan: TrainPlan) -> Engine:
 
 
 def train(engine: Engine, plan: TrainPlan) -> None:
-    """The loop. Every rank runs it; rank 0 logs and writes the final weights."""
-    config = plan.config
-    assert config.train_steps is not None
-    is_main = config.is_local_main_process
-    model = engine.wrapped_model
-    queries = encode_pairs(model.tokenizer, plan.training_pairs, model.max_length)
-    schedule = BatchSchedule(
-        len(queries),
-        plan.batch_size,
-        config.seed,
-        config.world_size,
-        config.worker_id,
-        config.grad_accum,
-    )
-    validation = [(spec, load_tasks(spec)) for spec in plan.validate_tasks]
-    start = resume(engine, plan.checkpoints, is_main)
-    if start:
-        logger.info("resumed from the checkpoint at step %d", start)
-    log = TrainingLog(config.work_dir / TRAINING_LOG, enabled=is_main)
-    guard = NonFiniteGuard(engine.grad_scaler is not None, schedule.global_batch)
-    preemption = Preemption(plan.preemption_signal)
-    steps = Tqdm.tqdm(
-        range(start, config.train_steps),
-        desc="Training",
-        initial=start,
-        total=config.train_steps,
-        disable=not is_main,
-    )
-    unread: StepLoss | None = None  # the previous step's loss, on its way to the host
+    """The loop. Every rank runs it (the data of a step is a pure function of the seed and the
+    step, so a resumed run continues where it stopped); rank 0 logs and writes."""
+    run = TrainingRun(engine, plan)
+    step = run.start
     engine.model.train()
+    run.callbacks.call("pre_train_loop")
     try:
-        for step in steps:
-            done = step + 1
-            loss = forward_backward(engine, queries, schedule.micro_batches(step), plan)
-            if unread is not None:  # read while this step's work runs: no wait in the loop
-                guard.observe(unread.step, unread.value())
+        for step in run.steps():
+            done, epoch = step + 1, run.epoch(step)
+            if step == run.start or step % run.schedule.steps_per_epoch == 0:
+                run.callbacks.call("pre_epoch", step, epoch)
+            batches = run.batches(step)
+            run.callbacks.call("pre_batch", step, epoch, batches)
+            loss, outputs = forward_backward(engine, batches, keep_outputs=bool(run.callbacks))
+            run.check_previous_loss()
             lr = engine.optimizer.param_groups[0]["lr"]  # this step's (the scheduler moves on)
             engine.step()
-            unread = StepLoss(done, loss)
-            checkpoint_now = _every(done, config.checkpoint_every) or done == config.train_steps
-            if done == 1 or _every(done, config.log_every) or checkpoint_now:
-                guard.observe(done, unread.value())
-                unread = None
-                # Agreed by all ranks before logging, validating or checkpointing.
-                preempted = any_rank(preemption.received, engine.device)
-                mean_loss = _mean_over_ranks(loss)
-                log.write({"step": done, "train_loss": mean_loss, "lr": lr})
-                steps.set_postfix(loss=f"{mean_loss:.4f}")
-                if preempted:
-                    save_checkpoint(engine, plan.checkpoints, done, is_main)
-                    raise TrainingStopped(
-                        f"preempted by {preemption.signal.name} after step {done}; "
-                        f"{resume_hint(plan.checkpoints)}"
-                    )
-            if validation and (done == config.train_steps or _every(done, config.validate_every)):
-                metrics = validate(engine, plan, validation)
-                log.write({"step": done, **{f"val_{k}": v for k, v in metrics.items()}})
-                if is_main:
-                    logger.info("step %d: validation %s", done, _brief(metrics))
-            if checkpoint_now:
-                save_checkpoint(engine, plan.checkpoints, done, is_main)
+            run.stepped(step, loss, batches, outputs)
+            if run.is_log_step(done):
+                run.log_step(done, loss, lr, outputs)
+            stop = run.validate(done) if run.is_validation_step(done) else False
+            if stop or run.is_checkpoint_step(done):
+                run.checkpoint(done)
+            if done % run.schedule.steps_per_epoch == 0:
+                run.callbacks.call("post_epoch", step, epoch)
+            if stop:
+                break
     finally:
-        preemption.restore()
-    export_final_weights(engine, config.work_dir / FINAL_WEIGHTS, is_main)
+        run.preemption.restore()
+    run.finish(step)
 
 
 def forward_backward(
-    engine: Engine, queries: list[Query], micro_batches: list[list[int]], plan: TrainPlan
-) -> torch.Tensor:
-    """One step's forward and backward passes over its micro-batches; returns the step's loss."""
-    model = engine.wrapped_model
+    engine: Engine, batches: list[dict[str, torch.Tensor]], keep_outputs: bool = False
+) -> tuple[torch.Tensor, list[dict[str, Any]]]:
+    """One step's forward and backward passes over its micro-batches: the step's loss and, with
+    ``keep_outputs``, each micro-batch's outputs."""
     step_loss = torch.zeros((), device=engine.device)
-    for index, micro_batch in enumerate(micro_batches):
-        batch = training_batch(
-            [queries[i] for i in micro_batch],
-            model.pad_token_id,
-            model.max_length,
-            packed=plan.pack_sequences,
-        )
-        loss, _ = engine.forward_train(batch, index, len(micro_batches))
+    outputs = []
+    for index, batch in enumerate(batches):
+        loss, batch_outputs = engine.forward_train(batch, index, len(batches))
         engine.backward(loss)
         step_loss += loss.detach()
-    return step_loss
-
-
-class StepLoss:
-    """A step's loss copied to the host without waiting; :meth:`value` waits for it."""
-
-    def __init__(self, step: int, loss: torch.Tensor) -> None:
-        self.step = step
-        self._host = loss.detach().to("cpu", non_blocking=True)
-        self._done = torch.cuda.Event() if loss.is_cuda else None
-        if self._done is not None:
-            self._done.record()
-
-    def value(self) -> float:
-        if self._done is not None:
-            self._done.synchronize()
-        return float(self._host)
-
-
-def validate(
-    engine: Engine, plan: TrainPlan, tasks: list[tuple[TaskSpec, TaskDict]]
-) -> dict[str, Any]:
-    """lm-eval's metrics of the validation tasks (the flat summary of
-    :func:`~tango_fairscale.evaluation.harness.summary`), every rank scoring its share through
-    the engine."""
-    model = engine.wrapped_model
-    lm = ScorerLM(
-        engine.forward_eval,
-        model.tokenizer,
-        max_length=model.max_length,
-        device=engine.device,
-        batch_size=plan.eval_batch_size,
-        packed=plan.pack_sequences,
-        progress=plan.config.is_local_main_process,
-    )
-    engine.model.eval()
-    try:
-        return summary(merge([evaluate_task(lm, spec, loaded) for spec, loaded in tasks]))
-    finally:
-        engine.model.train()
-
-
-def _brief(metrics: dict[str, Any]) -> str:
-    shown = [f"{key} {value:.4f}" for key, value in metrics.items() if "/" in key and
-             isinstance(value, float) and "stderr" not in key]  # fmt: skip
-    return ", ".join(shown)
-
-
-def export_final_weights(engine: Engine, path: Path, is_main: bool) -> None:
-    """Gather the full model (every rank takes part); rank 0 writes it to ``path`` atomically."""
-    state = engine.full_model_state()
-    if is_main:
-        assert state is not None
-        torch.save(state, path.with_suffix(".tmp"))
-        os.replace(path.with_suffix(".tmp"), path)
-    barrier()
-
-
-def _every(step: int, interval: int | None) -> bool:
-    return interval is not None and step % interval == 0
-
-
-def _mean_over_ranks(value: torch.Tensor) -> float:
-    if dist.is_initialized():
-        value = value.clone()
-        dist.all_reduce(value)
-        value /= dist.get_world_size()
-    return float(value.item())
+        if keep_outputs:
+            outputs.append(batch_outputs)
+    return step_loss, outputs

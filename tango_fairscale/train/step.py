@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 import signal
+from typing import Any
 
 import torch
 from tango import Format, Step
 from tango.common import Lazy, Registrable
-from tango.integrations.torch import Model, TrainConfig, TrainingEngine
+from tango.integrations.torch import Model, TrainCallback, TrainConfig, TrainingEngine
 from tango.step import StepResources
 
 from .. import compat  # noqa: F401  (Tango fixes)
@@ -50,6 +51,11 @@ class TrainStep(Step[ModelWrapper]):
         default: the training task itself (its evaluation split); ``[]``: none.
     :param validate_every: validate every this many steps (and after the last), all ranks
         scoring through the engine; ``None`` validates only after the last step.
+    :param callbacks: Tango ``TrainCallback`` s (``wandb::log``, ``torch::stop_early``, your
+        own), built on every rank and called with the hooks ``torch::train`` calls; the
+        validation metric they see is ``val_metric``.
+    :param val_metric: the validation summary key handed to callbacks (higher is better), e.g.
+        ``"arc_easy/acc"``; default: the first task's first metric.
     :param checkpoint_every: steps between checkpoints; a rerun resumes from the newest one.
     :param device_count: processes, one per GPU (or CPU processes over gloo without GPUs).
     :param preemption_signal: on this signal (``SIGTERM``, ``SIGUSR1``, ...) every rank finishes
@@ -109,6 +115,8 @@ class TrainStep(Step[ModelWrapper]):
         seed: int = 42,
         validate_tasks: list[TaskSpec] | None = None,
         validate_every: int | None = None,
+        callbacks: list[Lazy[TrainCallback]] | None = None,
+        val_metric: str | None = None,
         checkpoint_every: int = 100,
         device_count: int = 1,
         log_every: int = 10,
@@ -171,7 +179,10 @@ class TrainStep(Step[ModelWrapper]):
                 signal.Signals[preemption_signal],
                 collective_timeout_s,
                 pack_sequences,
-                component_modules(model, engine),
+                component_modules(model, engine, *(callbacks or [])),
+                list(callbacks or []),
+                self.workspace,
+                val_metric,
             )
         )
 
@@ -184,14 +195,28 @@ class TrainStep(Step[ModelWrapper]):
 
 
 def component_modules(*components: Lazy) -> tuple[str, ...]:
-    """The modules that register the registered types of ``components`` (``Lazy`` with a
-    ``type``), for processes that start without them."""
-    modules = []
+    """The modules that register the types ``components`` (``Lazy``) name, theirs and their
+    parameters' (an engine's optimizer and scheduler, ...), for processes that start without
+    them: every module defining a registered class whose name appears as a ``type``."""
+    names: set[str] = set()
+
+    def collect(value: Any) -> None:
+        if isinstance(value, dict):
+            if isinstance(value.get("type"), str):
+                names.add(value["type"])
+            for item in value.values():
+                collect(item)
+        elif isinstance(value, list):
+            for item in value:
+                collect(item)
+
     for component in components:
-        base, params = component._constructor, component._params
-        name = params.get("type") if hasattr(params, "get") else None
-        if isinstance(base, type) and issubclass(base, Registrable) and isinstance(name, str):
-            modules.append(base.resolve_class_name(name)[0].__module__)
+        collect(component._params.as_dict(quiet=True))
+    modules = []
+    for registry in Registrable._registry.values():
+        for name, (cls, _) in registry.items():
+            if name in names:
+                modules.append(cls.__module__)
     return tuple(dict.fromkeys(modules))
 
 

@@ -1,0 +1,76 @@
+// Evaluate a causal LM (fine-tuned first if train_steps > 0) on a suite of lm-evaluation-harness
+// multiple-choice tasks, each scored and cached in a step of its own.
+//
+//   tango run configs/mc_suite.jsonnet -w workspace -D model=/models/smollm2 \
+//       -D tasks=piqa,arc_easy,hellaswag -D task_data_dir=/data/tasks
+//   tango-fairscale results -w workspace          # tasks × metrics, with standard errors
+//
+// External variables (`-D name=value`; defaults in tango.yml's `environment`):
+//   tasks          comma-separated lm-eval task, group or tag names        piqa,arc_easy,...,copa
+//   task_data_dir  local data: <dir>/<task>/<split>.jsonl in each task's    "" (the hub)
+//                  own schema; empty = the tasks' hub datasets
+//   num_fewshot    few-shot examples per context                            0
+//   model, engine, precision, device_count, train_steps, batch_size, lr, seed, validate_every,
+//   warmup_steps, lr_decay, log_every, limit (documents per task; 0 = all)  as gpt2_piqa.jsonnet
+//   train_task     the task trained on when train_steps > 0 (its training split)   piqa
+//
+// Steps: `scores_<task>` for each task (lm-eval's requests, log-likelihoods and results),
+// `metrics` (all tasks' lm-eval results and a flat summary), `trained_model` when training.
+local engines = import 'lib/engines.libsonnet';
+local variables = import 'lib/variables.libsonnet';
+
+local train_steps = variables.int('train_steps');
+local limit = variables.int('limit');
+local num_fewshot = variables.int('num_fewshot');
+local schedule = {
+  warmup_steps: variables.int('warmup_steps'),
+  train_steps: train_steps,
+  decay: std.extVar('lr_decay'),
+};
+local data_dir = std.extVar('task_data_dir');
+local names = [name for name in std.split(std.extVar('tasks'), ',') if name != ''];
+local model = { type: 'tango_fairscale::causal_lm', model: std.extVar('model') };
+local ref(name) = { type: 'ref', ref: name };
+
+assert std.length(names) > 0 : '-D tasks must name at least one lm-eval task';
+assert train_steps >= 0 : 'train_steps must be 0 (evaluate only) or positive';
+
+local task(name) = {
+  name: name,
+  num_fewshot: num_fewshot,
+  [if limit > 0 then 'limit']: limit,
+  [if data_dir != '' then 'data_dir']: data_dir + '/' + name,
+};
+
+{
+  steps: {
+    [if train_steps > 0 then 'trained_model']: {
+      type: 'tango_fairscale::train',
+      model: model,
+      engine: engines.engine(std.extVar('engine'), std.extVar('precision'),
+                             variables.number('lr'), schedule),
+      task: task(std.extVar('train_task')),
+      validate_tasks: [task(name) for name in names],
+      train_steps: train_steps,
+      batch_size: variables.int('batch_size'),
+      seed: variables.int('seed'),
+      device_count: variables.int('device_count'),
+      validate_every: variables.int('validate_every'),
+      log_every: variables.int('log_every'),
+      pack_sequences: std.extVar('engine') != 'pipe',
+    },
+  } + {
+    ['scores_' + name]: {
+      type: 'tango_fairscale::task_scores',
+      model: if train_steps > 0 then ref('trained_model') else model,
+      task: task(name),
+      precision: std.extVar('precision'),
+    }
+    for name in names
+  } + {
+    metrics: {
+      type: 'tango_fairscale::task_metrics',
+      scores: [ref('scores_' + name) for name in names],
+    },
+  },
+}

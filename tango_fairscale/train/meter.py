@@ -1,0 +1,63 @@
+"""Training throughput for the progress bar and the log: tokens/s over all ranks, model FLOPs
+utilisation on GPUs whose peak is known, peak memory, elapsed time."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+#: Dense bf16 peak FLOP/s per GPU, by a name ``torch.cuda.get_device_name`` contains.
+PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}
+
+
+def peak_flops(device: torch.device) -> float | None:
+    """The device's dense bf16 peak, or ``None`` (CPUs, GPUs not in :data:`PEAK_BF16_FLOPS`)."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((flops for key, flops in PEAK_BF16_FLOPS.items() if key in name), None)
+
+
+class Throughput:
+    """Counts the real (non-padding) tokens each step trains on and turns the tokens and time
+    since the last :meth:`report` into figures. MFU counts 6 FLOPs per parameter and token (the
+    forward and backward matrix products; attention and recomputation are left out)."""
+
+    def __init__(self, num_parameters: int, device: torch.device, world_size: int) -> None:
+        self.flops_per_token = 6 * num_parameters
+        self.device = device
+        self.peak = peak_flops(device)
+        self.world_size = world_size
+        self.started = self.since = time.perf_counter()
+        self.tokens = 0
+
+    def skip(self) -> None:
+        """Leave the time since the last report out of the next interval (validation and
+        checkpoints are not training time)."""
+        self.since = time.perf_counter()
+
+    def count(self, batch: dict[str, torch.Tensor]) -> None:
+        """Add a micro-batch's real tokens (its attention mask, still on the host)."""
+        self.tokens += int(batch["attention_mask"].sum())
+
+    def report(self, tokens_on_all_ranks: int) -> dict[str, Any]:
+        """``tokens_per_s`` (all ranks), ``mfu`` (on known GPUs), ``peak_memory_gib`` (this
+        rank's, on GPUs) and ``elapsed_s`` since the first step, for the interval since the last
+        report; ``tokens_on_all_ranks`` is :attr:`tokens` summed over the ranks."""
+        now = time.perf_counter()
+        tokens_per_s = tokens_on_all_ranks / max(now - self.since, 1e-9)
+        self.since, self.tokens = now, 0
+        figures: dict[str, Any] = {
+            "tokens_per_s": round(tokens_per_s, 1),
+            "elapsed_s": round(now - self.started, 2),
+        }
+        if self.peak is not None:
+            mfu = tokens_per_s * self.flops_per_token / (self.peak * self.world_size)
+            figures["mfu"] = round(mfu, 4)
+        if self.device.type == "cuda":
+            figures["peak_memory_gib"] = round(
+                torch.cuda.max_memory_allocated(self.device) / 2**30, 2
+            )
+        return figures

@@ -1,0 +1,259 @@
+"""One process's training run, step by step: its data and schedule, what it observes after each
+step (losses, throughput, callbacks, preemption), validation, checkpoints and the final export."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from tango.common import Tqdm
+from tango.integrations.torch import StopEarly
+
+from ..data.batches import training_batch
+from ..data.queries import encode_pairs
+from ..data.schedules import BatchSchedule
+from ..evaluation.harness import evaluate_task, merge, summary
+from ..evaluation.lm import ScorerLM
+from ..parallel.engine import Engine
+from ..runtime.process_group import barrier
+from ..runtime.signals import Preemption
+from ..tasks.lm_eval import load_tasks
+from .callbacks import Callbacks
+from .checkpoints import TrainingStopped, resume, resume_hint, save_checkpoint
+from .guards import NonFiniteGuard, any_rank
+from .log import TRAINING_LOG, TrainingLog
+from .meter import Throughput
+
+logger = logging.getLogger(__name__)
+
+#: Where rank 0 leaves the consolidated model for the launching process.
+FINAL_WEIGHTS = "final_weights.pt"
+
+
+class TrainingRun:
+    """The state of one process's run of a plan (:class:`~tango_fairscale.train.loop.TrainPlan`),
+    resumed from its newest checkpoint; rank 0 logs and writes."""
+
+    def __init__(self, engine: Engine, plan: Any) -> None:
+        self.engine, self.plan, config = engine, plan, plan.config
+        self.config = config
+        self.is_main = config.is_local_main_process
+        model = engine.wrapped_model
+        self.model = model
+        self.queries = encode_pairs(model.tokenizer, plan.training_pairs, model.max_length)
+        self.schedule = BatchSchedule(
+            len(self.queries),
+            plan.batch_size,
+            config.seed,
+            config.world_size,
+            config.worker_id,
+            config.grad_accum,
+        )
+        self.validation = [(spec, load_tasks(spec)) for spec in plan.validate_tasks]
+        self.callbacks = Callbacks(
+            plan.callbacks,
+            workspace=plan.workspace,
+            train_config=config,
+            engine=engine,
+            training_pairs=plan.training_pairs,
+        )
+        resumed = resume(engine, plan.checkpoints, self.is_main)
+        self.start = int(resumed.get("step", 0))
+        if self.start:
+            logger.info("resumed from the checkpoint at step %d", self.start)
+            self.callbacks.load_state_dict(resumed.get("callbacks", []))
+        self.best: float | None = resumed.get("best_val_metric")
+        self.log = TrainingLog(config.work_dir / TRAINING_LOG, enabled=self.is_main)
+        self.throughput = Throughput(model.num_parameters, engine.device, config.world_size)
+        self.guard = NonFiniteGuard(engine.grad_scaler is not None, self.schedule.global_batch)
+        self.preemption = Preemption(plan.preemption_signal)
+        self.unread: StepLoss | None = None  # the previous step's loss, on its way to the host
+
+    def steps(self) -> Any:
+        """The steps left, under a progress bar on rank 0 (tqdm's rate and remaining time)."""
+        return Tqdm.tqdm(
+            range(self.start, self.config.train_steps),
+            desc="Training",
+            initial=self.start,
+            total=self.config.train_steps,
+            disable=not self.is_main,
+        )
+
+    def epoch(self, step: int) -> int:
+        return step // self.schedule.steps_per_epoch
+
+    def batches(self, step: int) -> list[dict[str, torch.Tensor]]:
+        """Step ``step``'s micro-batches for this rank (a pure function of the seed and step)."""
+        return [
+            training_batch(
+                [self.queries[i] for i in micro_batch],
+                self.model.pad_token_id,
+                self.model.max_length,
+                packed=self.plan.pack_sequences,
+            )
+            for micro_batch in self.schedule.micro_batches(step)
+        ]
+
+    def check_previous_loss(self) -> None:
+        """Raise if the previous step's loss broke the run: read while this step's work runs,
+        so the loop never waits for the device just to look."""
+        if self.unread is not None:
+            self.guard.observe(self.unread.step, self.unread.value())
+
+    def stepped(self, step: int, loss: torch.Tensor, batches: list, outputs: list) -> None:
+        """After step ``step``'s optimizer step: count its tokens, call ``post_batch``."""
+        self.unread = StepLoss(step + 1, loss)
+        for batch in batches:
+            self.throughput.count(batch)
+        if self.callbacks:
+            self.callbacks.call("post_batch", step, self.epoch(step), self.unread.value(), outputs)
+
+    def is_log_step(self, done: int) -> bool:
+        return done == 1 or _every(done, self.config.log_every) or self.is_checkpoint_step(done)
+
+    def is_checkpoint_step(self, done: int) -> bool:
+        return _every(done, self.config.checkpoint_every) or done == self.config.train_steps
+
+    def is_validation_step(self, done: int) -> bool:
+        last = done == self.config.train_steps
+        return bool(self.validation) and (last or _every(done, self.config.validate_every))
+
+    def log_step(self, done: int, loss: torch.Tensor, lr: float, outputs: list) -> None:
+        """Log the loss, learning rate and throughput after ``done`` steps (rank 0), once every
+        rank agrees that the run is sound and not preempted (preempted: checkpoint and stop)."""
+        assert self.unread is not None
+        self.guard.observe(done, self.unread.value())
+        self.unread = None
+        preempted = any_rank(self.preemption.received, self.engine.device)
+        mean_loss, tokens = _reduce_over_ranks(loss, self.throughput.tokens)
+        figures = self.throughput.report(tokens)
+        self.log.write({"step": done, "train_loss": mean_loss, "lr": lr, **figures})
+        self._progress_figures = {"loss": f"{mean_loss:.4f}", **_brief_figures(figures)}
+        self.callbacks.call("log_batch", done - 1, self.epoch(done - 1), mean_loss, outputs)
+        if preempted:
+            self.checkpoint(done)
+            raise TrainingStopped(
+                f"preempted by {self.preemption.signal.name} after step {done}; "
+                f"{resume_hint(self.plan.checkpoints)}"
+            )
+
+    def validate(self, done: int) -> bool:
+        """Score the validation tasks with every rank through the engine, log lm-eval's metrics
+        (``val_<task>/<metric>``) and call ``post_val_loop``; whether a callback stops the run."""
+        metrics = validate(self.engine, self.plan, self.validation)
+        self.log.write({"step": done, **{f"val_{k}": v for k, v in metrics.items()}})
+        if self.is_main:
+            logger.info("step %d: validation %s", done, _brief(metrics))
+        self.throughput.skip()
+        value = metrics.get(self.plan.val_metric or _first_metric(metrics))
+        if not isinstance(value, (int, float)):
+            return False
+        self.best = value if self.best is None else max(self.best, value)
+        try:
+            self.callbacks.call("post_val_loop", done - 1, self.epoch(done - 1), value, self.best)
+        except StopEarly:
+            logger.info("a callback stopped training early after step %d", done)
+            return True
+        finally:
+            self.engine.model.train()
+        return False
+
+    def checkpoint(self, done: int) -> None:
+        extra: dict[str, Any] = {"best_val_metric": self.best}
+        if self.callbacks:
+            extra["callbacks"] = self.callbacks.state_dict()
+        save_checkpoint(self.engine, self.plan.checkpoints, done, self.is_main, extra)
+        self.throughput.skip()
+
+    def finish(self, step: int) -> None:
+        """``post_train_loop``, then the consolidated model for the launching process."""
+        self.preemption.restore()
+        self.callbacks.call("post_train_loop", step, self.epoch(step))
+        export_final_weights(self.engine, self.config.work_dir / FINAL_WEIGHTS, self.is_main)
+
+
+class StepLoss:
+    """A step's loss copied to the host without waiting; :meth:`value` waits for it."""
+
+    def __init__(self, step: int, loss: torch.Tensor) -> None:
+        self.step = step
+        self._host = loss.detach().to("cpu", non_blocking=True)
+        self._done = torch.cuda.Event() if loss.is_cuda else None
+        if self._done is not None:
+            self._done.record()
+
+    def value(self) -> float:
+        if self._done is not None:
+            self._done.synchronize()
+        return float(self._host)
+
+
+def validate(engine: Engine, plan: Any, tasks: list) -> dict[str, Any]:
+    """lm-eval's metrics of the validation tasks (the flat summary of
+    :func:`~tango_fairscale.evaluation.harness.summary`), every rank scoring its share through
+    the engine."""
+    model = engine.wrapped_model
+    lm = ScorerLM(
+        engine.forward_eval,
+        model.tokenizer,
+        max_length=model.max_length,
+        device=engine.device,
+        batch_size=plan.eval_batch_size,
+        packed=plan.pack_sequences,
+        progress=plan.config.is_local_main_process,
+    )
+    engine.model.eval()
+    try:
+        return summary(merge([evaluate_task(lm, spec, loaded) for spec, loaded in tasks]))
+    finally:
+        engine.model.train()
+
+
+def export_final_weights(engine: Engine, path: Any, is_main: bool) -> None:
+    """Gather the full model (every rank takes part); rank 0 writes it to ``path`` atomically."""
+    state = engine.full_model_state()
+    if is_main:
+        assert state is not None
+        torch.save(state, path.with_suffix(".tmp"))
+        os.replace(path.with_suffix(".tmp"), path)
+    barrier()
+
+
+def _every(step: int, interval: int | None) -> bool:
+    return interval is not None and step % interval == 0
+
+
+def _reduce_over_ranks(loss: torch.Tensor, tokens: int) -> tuple[float, int]:
+    """The loss averaged and the token count summed over the ranks (one all-reduce)."""
+    values = torch.stack([loss.detach().double(), loss.new_tensor(tokens, dtype=torch.float64)])
+    if dist.is_initialized():
+        dist.all_reduce(values)
+        values[0] /= dist.get_world_size()
+    mean_loss, total = values.tolist()
+    return mean_loss, int(total)
+
+
+def _first_metric(metrics: dict[str, Any]) -> str:
+    """The default ``val_metric``: the first task's first metric (``acc`` for most tasks)."""
+    return next((key for key in metrics if "/" in key and "stderr" not in key), "")
+
+
+def _brief(metrics: dict[str, Any]) -> str:
+    shown = [
+        f"{key} {value:.4f}"
+        for key, value in metrics.items()
+        if "/" in key and isinstance(value, float) and "stderr" not in key
+    ]
+    return ", ".join(shown)
+
+
+def _brief_figures(figures: dict[str, Any]) -> dict[str, str]:
+    shown = {"tok/s": f"{figures['tokens_per_s']:,.0f}"}
+    if "mfu" in figures:
+        shown["mfu"] = f"{figures['mfu']:.1%}"
+    if "peak_memory_gib" in figures:
+        shown["mem"] = f"{figures['peak_memory_gib']:.1f}G"
+    return shown
