@@ -230,13 +230,17 @@ def test_every_stage_sees_every_micro_batch(tmp_path, family_model_dir, piqa_sma
 
 
 def test_packed_batches_are_refused(tmp_path, family_model_dir, piqa_small) -> None:
-    """The model's attention takes packed batches (sdpa), the pipe never does."""
+    """The model's attention takes packed batches (sdpa), the pipe never does (refused by the
+    engine or, called directly, by the pipelined model)."""
     built = engine(tmp_path, family_model_dir("llama"))
     wrapper = built.wrapped_model
     assert wrapper.supports_packing and not built.accepts_packed_batches
     queries = training_queries(list(piqa_small["train"])[:4], wrapper.tokenizer, 128)
+    batch = packed_batch(queries, wrapper.pad_token_id)
+    with pytest.raises((ConfigurationError, ValueError), match="packed"):
+        built.forward_eval(batch)
     with pytest.raises(ValueError, match="right-padded batches only"):
-        built.forward_eval(packed_batch(queries, wrapper.pad_token_id))
+        built.model(**batch)
 
 
 def test_automatic_balance(tmp_path, tiny_model_dir) -> None:
