@@ -1,9 +1,10 @@
-"""Inspect finished runs of ``configs/gpt2_piqa.jsonnet`` through Tango's ``Workspace`` API.
+"""Summarise the runs of a workspace: configuration, this run's own state, lm-eval metrics per task.
 
-Everything is read through the workspace: runs and their step infos (``StepInfo.config`` gives
-the engine, precision, device count, train steps and model), the ``metrics`` step's result, and
-the ``training_log.jsonl`` inside the ``trained_model`` step's result directory. Model weights are
-never loaded.
+Reads step infos, the metrics result and the training log (``training_log.jsonl``) and the
+optional ``run_info.json`` of the training step through :mod:`.workspace_reader`: importing this
+module imports neither torch nor Tango, and model weights are never loaded. A run's state is its
+own: a step that a later run executed again (e.g. after this run's attempt failed) is not counted
+as done by this one.
 
 ::
 
@@ -15,28 +16,28 @@ never loaded.
 
 from __future__ import annotations
 
-import math
+import datetime as dt
+import json
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
-from datetime import datetime
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
-from urllib.parse import urlparse
 
-from tango import Workspace
-from tango.common.registrable import Registrable
-from tango.step_info import StepInfo, StepState
-from tango.workspace import Run
-from tango.workspaces import LocalWorkspace
-
+from .results_report import TaskMetrics, draw_curves, format_table, run_json, task_metrics
+from .run_state import StepStatus, run_status, step_statuses, wall_time
+from .step_infos import StepRecord
 from .train.log import TRAINING_LOG, read_training_log
+from .workspace_reader import ResultsError, RunRecord, WorkspaceReader, open_reader
 
 __all__ = [
     "METRICS_STEP",
+    "RUN_INFO",
     "TRAIN_STEP",
     "ResultsError",
     "RunSummary",
+    "StepStatus",
+    "TaskMetrics",
     "collect_runs",
     "format_table",
     "open_workspace",
@@ -46,41 +47,37 @@ __all__ = [
 ]
 
 METRICS_STEP = "metrics"
-"""Name of the step whose result holds ``acc``, ``acc_norm``, ... in the config."""
+"""Name of the step whose result holds the metrics (``tango_fairscale::task_metrics``)."""
 TRAIN_STEP = "trained_model"
-"""Name of the training step in the config (absent when ``train_steps=0``)."""
+"""Name of the training step in the configs (absent when ``train_steps=0``)."""
+RUN_INFO = "run_info.json"
+"""Optional file of the training step (result or work dir): what it resolved, e.g.
+``{"precision": "bf16-mixed", "device": "cuda"}``; read when present."""
 
-_TRAIN_TYPE = "tango_fairscale::train"
-_PREDICTIONS_TYPE = "tango_fairscale::task_scores"
+_TRAIN = "tango_fairscale::train"
+_SCORES = "tango_fairscale::task_scores"
+_METRICS = "tango_fairscale::task_metrics"
 _PREFIX = "tango_fairscale::"
-# Workspace types registered by Tango's integrations when they are imported.
-_INTEGRATION_WORKSPACES = {"beaker", "gs", "wandb"}
-
-WorkspaceLike = Union[Workspace, str, "os.PathLike[str]"]
-
-
-class ResultsError(Exception):
-    """A request that cannot be answered (no workspace, no runs, unknown run, nothing to plot).
-
-    The message is one line, meant for the user as it is.
-    """
+WorkspaceLike = Union[WorkspaceReader, Any, str, "os.PathLike[str]"]
 
 
 @dataclass(frozen=True)
 class RunSummary:
-    """One registered run: its configuration, state and PIQA validation metrics.
+    """One registered run: configuration, this run's status, timings and metrics.
 
-    ``status`` is ``"completed"`` when the ``metrics`` result could be read, otherwise
-    ``"failed: <steps>"``, ``"running"``, ``"incomplete"``, ``"metrics result missing"`` or
-    ``"no metrics step"``; ``metrics`` is then ``None`` and ``error`` holds the last line of the
-    first failed step's error, if any. ``train_steps`` is 0 for an evaluation-only run, whose
-    ``engine``, ``precision`` and ``device_count`` are ``None``. ``training_log`` is the location
-    of the run's ``training_log.jsonl`` when it exists.
+    ``status`` is ``"completed"`` when the metrics step completed for this run and its result
+    could be read, otherwise ``"failed: <steps>"``, ``"running"``, ``"interrupted: <steps>"``,
+    ``"incomplete"``, ``"metrics result missing"`` or ``"no metrics step"``; ``error`` holds the
+    first failed step's exception message. ``precision`` is what the training (else scoring)
+    resolved when the run recorded it, else the configured name (``requested_precision``), then
+    ``precision_recorded`` is false. ``wall_time_s`` spans the steps this run executed itself
+    (0 when it reused every result); ``train_time_s`` is the training step's duration, reused
+    or not. ``metrics`` is the metrics step's result (lm-eval's JSON under ``"lm_eval"``).
     """
 
     name: str
     status: str
-    start_date: datetime | None
+    start_date: dt.datetime | None
     model: str | None
     engine: str | None
     precision: str | None
@@ -89,6 +86,15 @@ class RunSummary:
     metrics: dict[str, Any] | None
     training_log: str | None = None
     error: str | None = None
+    requested_precision: str | None = None
+    precision_recorded: bool = False
+    batch_size: int | None = None
+    lr: float | None = None
+    seed: int | None = None
+    wall_time_s: float | None = None
+    train_time_s: float | None = None
+    host: str | None = None
+    steps: dict[str, StepStatus] = field(default_factory=dict)
 
     @property
     def acc(self) -> float | None:
@@ -102,42 +108,30 @@ class RunSummary:
     def num_examples(self) -> int | None:
         return None if self.metrics is None else self.metrics.get("num_examples")
 
+    @property
+    def tasks(self) -> list[TaskMetrics]:
+        """Each task's (and group's) metrics with their standard errors, in lm-eval's order."""
+        return task_metrics(self.metrics)
+
+    @property
+    def lm_eval(self) -> dict[str, Any]:
+        """lm-eval's results JSON of the metrics (``{}`` without metrics)."""
+        value = (self.metrics or {}).get("lm_eval")
+        return value if isinstance(value, dict) else {}
+
     def to_json(self) -> dict[str, Any]:
-        """A JSON-safe dict of every field (dates as ISO strings, NaN as ``None``)."""
-        data = asdict(self)
-        data["start_date"] = None if self.start_date is None else self.start_date.isoformat()
-        if self.metrics is not None:
-            data["metrics"] = {key: _json_number(value) for key, value in self.metrics.items()}
-        return data
+        """The run in lm-eval's shape: its fields, ``config``, ``steps``, the flat ``metrics`` and
+        lm-eval's ``results``, ``groups``, ``n-shot``, ``n-samples``, ... (NaN as ``None``)."""
+        return run_json(self)
 
 
-def open_workspace(workspace: WorkspaceLike) -> Workspace:
-    """A ``Workspace`` from an instance, a URL (``local:///tmp/ws``) or a plain local path.
+def open_workspace(workspace: WorkspaceLike) -> WorkspaceReader:
+    """A reader for a path, a URL (``local:///tmp/ws``, ``beaker://...``) or a Tango ``Workspace``.
 
-    Raises :class:`ResultsError` when a local workspace does not exist, instead of creating an
-    empty one the way ``Workspace.from_url`` does.
+    Raises :class:`ResultsError` when a local workspace does not exist (instead of creating an
+    empty one, as ``Workspace.from_url`` does) or the URL's workspace type is unknown.
     """
-    if isinstance(workspace, Workspace):
-        return workspace
-    url = os.fspath(workspace)
-    parsed = urlparse(url)
-    if parsed.scheme in ("", "local"):
-        directory = Path(parsed.netloc) / parsed.path.lstrip("/") if parsed.netloc else None
-        directory = directory or Path(parsed.path or ".")
-        if not (directory / "runs").is_dir():
-            raise ResultsError(f"no Tango workspace at {url!r} (expected a directory with runs/)")
-    else:
-        registered = set(Registrable._registry[Workspace]) - {"from_url"}
-        known = sorted(registered | _INTEGRATION_WORKSPACES)
-        if parsed.scheme not in known:
-            raise ResultsError(
-                f"unknown workspace type {parsed.scheme!r} in {url!r}; choose one of "
-                f"{', '.join(known)} (or give a directory)"
-            )
-    try:
-        return Workspace.from_url(url)
-    except Exception as error:  # unknown scheme, missing integration, unreachable store
-        raise ResultsError(f"cannot open workspace {url!r}: {_one_line(error)}") from error
+    return open_reader(workspace)
 
 
 def collect_runs(
@@ -148,31 +142,35 @@ def collect_runs(
     Raises :class:`ResultsError` for an unknown run name or a workspace without runs. Runs that
     failed or did not finish are summarised with their status, never raised.
     """
-    ws = open_workspace(workspace)
+    reader = open_workspace(workspace)
     if run_names is None:
-        runs = sorted(ws.registered_runs().values(), key=lambda r: (r.start_date, r.name))
+        runs = sorted(
+            (reader.run(n) for n in reader.run_names()), key=lambda r: (r.start_date, r.name)
+        )
         if not runs:
-            raise ResultsError(f"workspace {ws.url} has no registered runs")
+            raise ResultsError(f"workspace {reader.url} has no registered runs")
     else:
-        runs = [_registered_run(ws, name) for name in dict.fromkeys(run_names)]
-    return [_summarise(ws, run) for run in runs]
+        runs = [_registered_run(reader, name) for name in dict.fromkeys(run_names)]
+    return [_summarise(reader, run) for run in runs]
 
 
 def training_log_path(workspace: WorkspaceLike, run_name: str) -> Path | None:
-    """The run's ``training_log.jsonl``, or ``None`` when the run did not train or logged nothing.
+    """The run's ``training_log.jsonl``, or ``None`` when it did not train or logged nothing.
 
-    For a finished training step this is the file in the step's ``result_location``; for a
-    running or failed one in a local workspace, the log being written in the step's work dir.
+    That is the file in the training step's result directory, else the one being written in its
+    work directory; ``None`` too when a later run trained the step again (the log is not this
+    run's).
     """
-    ws = open_workspace(workspace)
-    return _log_path(ws, _registered_run(ws, run_name))
+    reader = open_workspace(workspace)
+    run = _registered_run(reader, run_name)
+    return _train_file(reader, run, step_statuses(reader, run), TRAINING_LOG)
 
 
 def training_curves(workspace: WorkspaceLike, run_name: str) -> list[dict[str, Any]]:
-    """The run's training log records ordered by step, a replayed step merged into one record.
+    """The run's training log records ordered by step (a replayed step merged into one record).
 
-    Records hold ``step`` and any of ``train_loss``, ``lr``, ``val_acc``, ``val_acc_norm``,
-    ``val_num_examples``; ``[]`` when the run has no training log (e.g. ``train_steps=0``).
+    Records hold ``step`` and any of ``train_loss``, ``lr``, ``val_<task>/<metric>`` (with
+    ``_stderr``), ``val_<metric>`` for a single task; ``[]`` when the run has no training log.
     """
     path = training_log_path(workspace, run_name)
     return [] if path is None else read_training_log(path)
@@ -181,233 +179,150 @@ def training_curves(workspace: WorkspaceLike, run_name: str) -> list[dict[str, A
 def plot_curves(
     workspace: WorkspaceLike, run_names: Sequence[str], path: str | os.PathLike[str]
 ) -> list[str]:
-    """Draw training loss and validation accuracy against step, one line per run, into ``path``.
+    """Draw training loss and each task's validation metrics against step into ``path``.
 
-    Left panel: ``train_loss``; right panel: ``val_acc`` (solid) and ``val_acc_norm`` (dashed).
-    The image format follows the file suffix (PNG, PDF, SVG...). Runs without a training log are
-    left out; returns the names of the runs drawn. Raises :class:`ResultsError` when none has one.
+    One panel for ``train_loss``, one per validation task (``val_<task>/<metric>``: accuracy
+    solid, normalised accuracy dashed, ± stderr shaded), one colour per run. The image format
+    follows the suffix (PNG, PDF, SVG...). Runs without a training log are left out; returns the
+    names drawn. Raises :class:`ResultsError` when none has one.
     """
-    ws = open_workspace(workspace)
-    curves = {name: training_curves(ws, name) for name in dict.fromkeys(run_names)}
+    reader = open_workspace(workspace)
+    curves = {name: training_curves(reader, name) for name in dict.fromkeys(run_names)}
     drawn = {name: records for name, records in curves.items() if records}
     if not drawn:
         raise ResultsError(
             "nothing to plot: none of the runs "
             f"({', '.join(curves) or 'none given'}) has a training log"
         )
-
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
-
-    figure = Figure(figsize=(11, 4.2), layout="constrained")
-    FigureCanvasAgg(figure)
-    loss_axes, acc_axes = figure.subplots(1, 2)
-    palette = [f"C{index % 10}" for index in range(len(drawn))]
-    has_validation = False
-    for color, (name, records) in zip(palette, drawn.items(), strict=True):
-        steps, losses = _series(records, "train_loss")
-        if steps:
-            loss_axes.plot(steps, losses, marker="o", markersize=3, color=color, label=name)
-        for key, style, suffix in (("val_acc", "-", "acc"), ("val_acc_norm", "--", "acc_norm")):
-            steps, values = _series(records, key)
-            if steps:
-                has_validation = True
-                acc_axes.plot(
-                    steps,
-                    values,
-                    style,
-                    marker="o",
-                    markersize=3,
-                    color=color,
-                    label=f"{name} ({suffix})",
-                )
-    loss_axes.set(title="Training loss", xlabel="optimizer step", ylabel="train loss")
-    acc_axes.set(title="PIQA validation accuracy", xlabel="optimizer step", ylabel="accuracy")
-    for axes in (loss_axes, acc_axes):
-        axes.grid(True, alpha=0.3)
-        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
-        if axes.get_lines():
-            axes.legend(fontsize="small")
-    if not has_validation:
-        acc_axes.text(
-            0.5, 0.5, "no validation logged", ha="center", va="center", transform=acc_axes.transAxes
-        )
-    figure.savefig(os.fspath(path), dpi=120)
+    draw_curves(drawn, path)
     return list(drawn)
 
 
-def format_table(summaries: Sequence[RunSummary]) -> str:
-    """An aligned plain-text table: one row per run, ``-`` where a value does not apply."""
-    header = [
-        "run",
-        "status",
-        "model",
-        "engine",
-        "precision",
-        "devices",
-        "train steps",
-        "acc",
-        "acc_norm",
-        "examples",
-    ]
-    rows = [header]
-    for s in summaries:
-        metrics = s.metrics or {}
-        rows.append(
-            [
-                s.name,
-                s.status,
-                _cell(s.model),
-                _cell(s.engine),
-                _cell(s.precision),
-                _cell(s.device_count),
-                _cell(s.train_steps),
-                _with_stderr(metrics.get("acc"), metrics.get("acc_stderr")),
-                _with_stderr(metrics.get("acc_norm"), metrics.get("acc_norm_stderr")),
-                _cell(metrics.get("num_examples")),
-            ]
-        )
-    numeric = {5, 6, 7, 8, 9}
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = []
-    for index, row in enumerate(rows):
-        cells = [
-            cell.rjust(width) if column in numeric else cell.ljust(width)
-            for column, (cell, width) in enumerate(zip(row, widths, strict=True))
-        ]
-        lines.append("  ".join(cells).rstrip())
-        if index == 0:
-            lines.append("  ".join("-" * width for width in widths))
-    return "\n".join(lines)
+# --- one run ------------------------------------------------------------------------------------
 
 
-# --- internals ---------------------------------------------------------------------------------
-
-
-def _registered_run(ws: Workspace, name: str) -> Run:
+def _registered_run(reader: WorkspaceReader, name: str) -> RunRecord:
     try:
-        return ws.registered_run(name)
+        return reader.run(name)
     except KeyError:
-        known = sorted(ws.registered_runs())
+        known = sorted(reader.run_names())
         hint = f"; runs: {', '.join(known)}" if known else "; the workspace has no runs"
-        raise ResultsError(f"no run named {name!r} in workspace {ws.url}{hint}") from None
+        raise ResultsError(f"no run named {name!r} in workspace {reader.url}{hint}") from None
 
 
-def _summarise(ws: Workspace, run: Run) -> RunSummary:
-    train = _train_step(run)
-    train_config = (train.config or {}) if train is not None else {}
-    engine = train_config.get("engine") if isinstance(train_config.get("engine"), dict) else None
-    metrics = _metrics(ws, run)
-    if train is not None:
-        model = _describe_model(train_config.get("model"))
-        train_steps = train_config.get("train_steps")
-        device_count = train_config.get("device_count", 1)
-    else:
-        model = next(
-            (
-                m
-                for m in (
-                    _describe_model((info.config or {}).get("model"))
-                    for info in _steps_of_type(run, _PREDICTIONS_TYPE)
-                )
-                if m
-            ),
-            None,
+def _summarise(reader: WorkspaceReader, run: RunRecord) -> RunSummary:
+    statuses = step_statuses(reader, run)
+    metrics = _metrics(reader, run, statuses)
+    metrics_step = _metrics_step(run)
+    status, error = run_status(
+        statuses, metrics_step.name if metrics_step else None, metrics is not None
+    )
+    scores = [c for c in (s.config or {} for s in run.steps.values()) if c.get("type") == _SCORES]
+    model = next((m for m in (_describe_model(c.get("model")) for c in scores) if m), None)
+    common: dict[str, Any] = {
+        "name": run.name,
+        "status": status,
+        "start_date": run.start_date,
+        "metrics": metrics,
+        "error": error,
+        "wall_time_s": wall_time(run, statuses),
+        "steps": statuses,
+    }
+    train_name = _train_step_name(run)
+    if train_name is None:  # scoring only: the precision of the scoring steps
+        requested = next((c.get("precision", "32-true") for c in scores), None)
+        recorded = _dict(_dict(_dict(metrics).get("lm_eval")).get("config")).get("precision")
+        host = None if metrics_step is None else metrics_step.host
+        return RunSummary(
+            **common,
+            model=model,
+            engine=None,
+            precision=recorded or requested,
+            device_count=None,
+            train_steps=0,
+            requested_precision=requested,
+            precision_recorded=bool(recorded),
+            host=host,
         )
-        train_steps, device_count = 0, None
-    log = _log_path(ws, run)
+    train, train_status = _dict(run.steps[train_name].config), statuses[train_name]
+    engine = _dict(train.get("engine"))
+    info = _run_info(reader, run, statuses)
+    log = _train_file(reader, run, statuses, TRAINING_LOG)
+    completed = train_status.state == "completed"
     return RunSummary(
-        name=run.name,
-        status="completed" if metrics is not None else _status(run),
-        start_date=run.start_date,
-        model=model,
-        engine=_strip_prefix(engine.get("type")) if engine else None,
-        precision=engine.get("precision", "auto") if engine else None,
-        device_count=device_count,
-        train_steps=train_steps,
-        metrics=metrics,
+        **common,
+        model=_describe_model(train.get("model")) or model,
+        engine=_strip_prefix(engine.get("type")),
+        precision=info.get("precision") or engine.get("precision", "auto"),
+        device_count=info.get("world_size", train.get("device_count", 1)),
+        train_steps=train.get("train_steps"),
         training_log=None if log is None else str(log),
-        error=None if metrics is not None else _first_error(run),
+        requested_precision=engine.get("precision", "auto"),
+        precision_recorded=bool(info.get("precision")),
+        batch_size=train.get("batch_size"),
+        lr=_dict(engine.get("optimizer")).get("lr"),
+        seed=train.get("seed"),
+        train_time_s=train_status.record.duration_s if completed else None,
+        host=train_status.record.host,
     )
 
 
-def _metrics(ws: Workspace, run: Run) -> dict[str, Any] | None:
-    info = run.steps.get(METRICS_STEP)
-    if info is None or _state(info) != StepState.COMPLETED:
+def _metrics(
+    reader: WorkspaceReader, run: RunRecord, statuses: dict[str, StepStatus]
+) -> dict[str, Any] | None:
+    step = _metrics_step(run)
+    if step is None or statuses[step.name].state != "completed":
         return None
     try:
-        result = ws.step_result_for_run(run.name, METRICS_STEP)
+        result = reader.result(run, step.name)
     except (KeyError, OSError, ValueError):
         return None
     return dict(result) if isinstance(result, dict) else None
 
 
-def _status(run: Run) -> str:
-    states = {name: _state(info) for name, info in run.steps.items()}
-    failed = sorted(name for name, state in states.items() if state == StepState.FAILED)
-    if failed:
-        return "failed: " + ", ".join(failed)
-    if StepState.RUNNING in states.values():
-        return "running"
-    if METRICS_STEP not in states:
-        return "no metrics step"
-    if states[METRICS_STEP] == StepState.COMPLETED:
-        return "metrics result missing"
-    return "incomplete"
+def _metrics_step(run: RunRecord) -> StepRecord | None:
+    if METRICS_STEP in run.steps:
+        return run.steps[METRICS_STEP]
+    return next((s for s in run.steps.values() if (s.config or {}).get("type") == _METRICS), None)
 
 
-def _state(info: StepInfo) -> StepState | None:
-    try:
-        return info.state
-    except RuntimeError:  # inconsistent times / error fields
-        return None
-
-
-def _first_error(run: Run) -> str | None:
-    for name in sorted(run.steps):
-        error = run.steps[name].error
-        if error:
-            lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-            return f"{name}: {lines[-1]}" if lines else name
-    return None
-
-
-def _train_step(run: Run) -> StepInfo | None:
+def _train_step_name(run: RunRecord) -> str | None:
     if TRAIN_STEP in run.steps:
-        return run.steps[TRAIN_STEP]
-    return next(iter(_steps_of_type(run, _TRAIN_TYPE)), None)
+        return TRAIN_STEP
+    names = sorted(n for n, s in run.steps.items() if (s.config or {}).get("type") == _TRAIN)
+    return names[0] if names else None
 
 
-def _steps_of_type(run: Run, step_type: str) -> list[StepInfo]:
-    return [
-        run.steps[name]
-        for name in sorted(run.steps)
-        if (run.steps[name].config or {}).get("type") == step_type
-    ]
-
-
-def _log_path(ws: Workspace, run: Run) -> Path | None:
-    info = _train_step(run)
-    if info is None:
+def _train_file(
+    reader: WorkspaceReader, run: RunRecord, statuses: dict[str, StepStatus], name: str
+) -> Path | None:
+    """The training step's file ``name`` (result dir, then work dir), unless a later run redid
+    the step (its directory then holds that run's files)."""
+    step_name = _train_step_name(run)
+    if step_name is None:
         return None
-    candidates: list[Path] = []
-    if info.result_location and _state(info) == StepState.COMPLETED:
-        parsed = urlparse(info.result_location)
-        if parsed.scheme in ("", "file", "local"):
-            candidates.append(Path(parsed.path if parsed.scheme else info.result_location))
-    if isinstance(ws, LocalWorkspace):
-        candidates.append(ws.step_dir(info.unique_id))  # where results are stored
-        candidates.append(ws.step_dir(info.unique_id) / "work")  # the log of a running step
-    for directory in candidates:
-        if (directory / TRAINING_LOG).is_file():
-            return directory / TRAINING_LOG
+    status = statuses[step_name]
+    if not (status.own or status.reused):
+        return None
+    for directory in reader.step_dirs(status.record):
+        if (directory / name).is_file():
+            return directory / name
     return None
 
 
-def _series(records: Sequence[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
-    pairs = [(r["step"], r[key]) for r in records if r.get(key) is not None]
-    return [p[0] for p in pairs], [p[1] for p in pairs]
+def _run_info(
+    reader: WorkspaceReader, run: RunRecord, statuses: dict[str, StepStatus]
+) -> dict[str, Any]:
+    path = _train_file(reader, run, statuses, RUN_INFO)
+    try:
+        info = json.loads(path.read_text()) if path is not None else {}
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
 
 
 def _describe_model(config: Any) -> str | None:
@@ -425,24 +340,3 @@ def _strip_prefix(name: Any) -> str | None:
     if not isinstance(name, str):
         return None
     return name[len(_PREFIX) :] if name.startswith(_PREFIX) else name
-
-
-def _cell(value: Any) -> str:
-    return "-" if value is None else str(value)
-
-
-def _with_stderr(value: Any, stderr: Any) -> str:
-    if not isinstance(value, (int, float)):
-        return "-"
-    if isinstance(stderr, (int, float)) and not math.isnan(stderr):
-        return f"{value:.4f} ± {stderr:.4f}"
-    return f"{value:.4f}"
-
-
-def _json_number(value: Any) -> Any:
-    return None if isinstance(value, float) and not math.isfinite(value) else value
-
-
-def _one_line(error: BaseException) -> str:
-    text = " ".join(str(error).split())
-    return text or type(error).__name__

@@ -5,19 +5,20 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from tango import Workspace
 
 # The workspace is built once per session, shared with test_results.py (a marker file on disk).
-from test_results import LIMIT, build_workspace
+from test_results import SUITE_LIMIT, build_workspace
 
 from tango_fairscale.cli import main
 
 
 @pytest.fixture(scope="session")
-def piqa_workspace(
+def results_workspace(
     tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, piqa_dir: Path
 ) -> Path:
     return build_workspace(tmp_path_factory.getbasetemp(), tiny_model_dir, piqa_dir)
@@ -38,49 +39,53 @@ def assert_one_line_error(code: int, out: str, err: str, *fragments: str) -> Non
         assert fragment in err
 
 
-def test_table_of_all_runs(piqa_workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run_cli(capsys, "-w", str(piqa_workspace))
+def test_tables_of_all_runs(results_workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_cli(capsys, "-w", str(results_workspace))
     assert code == 0 and err == ""
-    lines = out.splitlines()
-    assert [line.split()[0] for line in lines[2:]] == ["trained", "zeroshot", "broken"]
-    metrics = Workspace.from_url(str(piqa_workspace)).step_result_for_run("zeroshot", "metrics")
-    assert f"{metrics['acc']:.4f}" in lines[3] and f"{metrics['acc_norm']:.4f}" in lines[3]
+    runs, tasks = out.rstrip("\n").split("\n\n")
+    assert [line.split()[0] for line in runs.splitlines()[2:]] == ["broken", "trained", "suite"]
+    metrics = Workspace.from_url(str(results_workspace)).step_result_for_run("suite", "metrics")
+    rows = {tuple(line.split()[:2]): line for line in tasks.splitlines()[2:]}
+    for task in ("piqa", "arc_easy"):
+        acc, stderr = metrics[f"{task}/acc"], metrics[f"{task}/acc_stderr"]
+        assert f"{acc:.4f} ± {stderr:.4f}" in rows["suite", task]
 
 
-def test_json_of_selected_runs(piqa_workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    url = f"local://{piqa_workspace}"
-    code, out, err = run_cli(capsys, "-w", url, "--run", "zeroshot", "--run", "trained", "--json")
+def test_json_of_selected_runs(results_workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"local://{results_workspace}"
+    code, out, err = run_cli(capsys, "-w", url, "--run", "suite", "--run", "trained", "--json")
     assert code == 0 and err == ""
     runs = json.loads(out)
-    assert [r["name"] for r in runs] == ["zeroshot", "trained"]
+    assert [r["name"] for r in runs] == ["suite", "trained"]
     workspace = Workspace.from_url(url)
     for run in runs:
         assert run["status"] == "completed"
-        assert run["metrics"] == workspace.step_result_for_run(run["name"], "metrics")
-        assert run["metrics"]["num_examples"] == LIMIT
-    assert runs[1]["engine"] == "ddp" and runs[1]["train_steps"] == 4
-    assert runs[0]["train_steps"] == 0 and runs[0]["training_log"] is None
+        lm_eval = workspace.step_result_for_run(run["name"], "metrics")["lm_eval"]
+        assert run["results"] == lm_eval["results"] and run["n-samples"] == lm_eval["n-samples"]
+    assert runs[0]["n-samples"]["arc_easy"]["effective"] == SUITE_LIMIT
+    assert runs[1]["config"]["engine"] == "ddp" and runs[1]["config"]["train_steps"] == 4
+    assert runs[0]["config"]["train_steps"] == 0 and runs[0]["training_log"] is None
 
 
-def test_plot(piqa_workspace: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_plot(results_workspace: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     target = tmp_path / "curves.png"
-    code, out, err = run_cli(capsys, "-w", str(piqa_workspace), "--plot", str(target))
+    code, out, err = run_cli(capsys, "-w", str(results_workspace), "--plot", str(target))
     assert code == 0
     assert target.stat().st_size > 10_000
-    assert "wrote curves of trained" in err and "no training log: zeroshot, broken" in err
-    assert len(out.splitlines()) == 5  # the table is still printed
+    assert "wrote curves of trained" in err and "no training log: broken, suite" in err
+    assert len(out.split("\n\n")) == 2  # the tables are still printed
 
 
 @pytest.mark.parametrize(
     ("args", "fragments"),
     [
-        (["--run", "nope"], ["no run named 'nope'", "runs: broken, trained, zeroshot"]),
-        (["--run", "zeroshot", "--plot", "x.png"], ["nothing to plot", "zeroshot"]),
+        (["--run", "nope"], ["no run named 'nope'", "runs: broken, suite, trained"]),
+        (["--run", "suite", "--plot", "x.png"], ["nothing to plot", "suite"]),
         (["--run", "trained", "--plot", "missing-dir/x.png"], ["missing-dir/x.png"]),
     ],
 )
 def test_errors_in_a_workspace(
-    piqa_workspace: Path,
+    results_workspace: Path,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
@@ -88,7 +93,7 @@ def test_errors_in_a_workspace(
     fragments: list[str],
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    code, out, err = run_cli(capsys, "-w", str(piqa_workspace), *args)
+    code, out, err = run_cli(capsys, "-w", str(results_workspace), *args)
     assert_one_line_error(code, out, err, *fragments)
     assert not (tmp_path / "x.png").exists()
 
@@ -101,12 +106,15 @@ def test_missing_and_empty_workspaces(tmp_path: Path, capsys: pytest.CaptureFixt
     assert_one_line_error(*run_cli(capsys, "-w", str(tmp_path / "empty")), "no registered runs")
 
 
-def test_console_script_exit_code(piqa_workspace: Path) -> None:
-    """The installed ``tango-fairscale`` script: an error is one line on stderr, exit code 2."""
+def _console_command() -> list[str]:
     script = Path(sys.executable).with_name("tango-fairscale")
-    command = [str(script)] if script.is_file() else [sys.executable, "-m", "tango_fairscale.cli"]
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "tango_fairscale.cli"]
+
+
+def test_console_script_exit_code(results_workspace: Path) -> None:
+    """The installed ``tango-fairscale`` script: an error is one line on stderr, exit code 2."""
     done = subprocess.run(
-        [*command, "results", "-w", str(piqa_workspace), "--run", "nope"],
+        [*_console_command(), "results", "-w", str(results_workspace), "--run", "nope"],
         capture_output=True,
         text=True,
     )
@@ -114,6 +122,32 @@ def test_console_script_exit_code(piqa_workspace: Path) -> None:
     assert done.stdout == ""
     assert done.stderr.startswith("tango-fairscale: error: no run named 'nope'")
     assert done.stderr.count("\n") == 1
+
+
+def test_results_starts_without_torch_or_tango(results_workspace: Path) -> None:
+    """``tango-fairscale results`` reads a local workspace without importing torch or Tango."""
+    code = (
+        "import sys, time; t = time.perf_counter(); from tango_fairscale.cli import main; "
+        "assert main(['results', '-w', sys.argv[1], '--json']) == 0; "
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'tango')); "
+        "print(time.perf_counter() - t, heavy, file=sys.stderr)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(results_workspace)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    seconds, heavy = done.stderr.split(" ", 1)
+    assert heavy.strip() == "[]" and float(seconds) < 1.0
+    assert len(json.loads(done.stdout)) == 3
+    started = time.perf_counter()
+    subprocess.run(
+        [*_console_command(), "results", "-w", str(results_workspace)],
+        check=True,
+        capture_output=True,
+    )
+    assert time.perf_counter() - started < 2.0  # the whole command, interpreter start included
 
 
 @pytest.mark.parametrize("seconds", ["0", "-5", "soon"])
