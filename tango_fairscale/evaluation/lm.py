@@ -4,6 +4,8 @@ the metrics; the log-likelihoods come from the package's batched, packed, sharde
 from __future__ import annotations
 
 import contextlib
+import logging
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -14,6 +16,8 @@ from tango.common.exceptions import ConfigurationError
 
 from ..data.queries import Query, encode_pairs, prefix_token_id, token_ids
 from .scoring import Forward, score_on_all_ranks
+
+logger = logging.getLogger(__name__)
 
 
 class ScorerLM(LM):
@@ -72,7 +76,8 @@ class ScorerLM(LM):
         )
 
     def _score(self, queries: list[Query], disable_tqdm: bool) -> list[tuple[float, bool]]:
-        return score_on_all_ranks(
+        started = time.perf_counter()
+        answers = score_on_all_ranks(
             self.forward,
             queries,
             batch_size=self.batch_size,
@@ -82,6 +87,14 @@ class ScorerLM(LM):
             packed=self.packed,
             progress=self.progress and not disable_tqdm,
         )
+        seconds = time.perf_counter() - started
+        logger.info(
+            "scored %s requests in %.2f s (%s/s)",
+            f"{len(queries):,}",
+            seconds,
+            f"{len(queries) / max(seconds, 1e-9):,.0f}",
+        )
+        return answers
 
     def _rolling_windows(self, ids: list[int]) -> Iterator[Query]:
         """lm-eval's HF backend's windows of a text: each predicts its continuation from at most

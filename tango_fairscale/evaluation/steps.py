@@ -94,7 +94,9 @@ class TaskScoresStep(Step[dict]):
             packed=pack_sequences,
         )
         with scoring_precision(model, resolved):
-            return evaluate_task(lm, task, loaded, bootstrap_iters)
+            scores = evaluate_task(lm, task, loaded, bootstrap_iters)
+        scores["config"] = {"precision": resolved.name, "device": device.type}
+        return scores
 
 
 @Step.register("tango_fairscale::task_metrics")
@@ -124,4 +126,7 @@ class TaskMetricsStep(Step[dict]):
         if not isinstance(scores, list) or not scores:
             raise ConfigurationError("scores must be a non-empty list of task_scores results")
         merged = merge(scores)
+        configs = [score["config"] for score in scores if "config" in score]
+        if configs:
+            merged["config"] = configs[0]
         return {**summary(merged), "lm_eval": merged}

@@ -3,6 +3,7 @@ step (losses, throughput, callbacks, preemption), validation, checkpoints and th
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from typing import Any
@@ -31,6 +32,9 @@ logger = logging.getLogger(__name__)
 
 #: Where rank 0 leaves the consolidated model for the launching process.
 FINAL_WEIGHTS = "final_weights.pt"
+
+#: What the run resolved (the precision behind ``auto``, devices, global batch), for ``results``.
+RUN_INFO = "run_info.json"
 
 
 class TrainingRun:
@@ -67,6 +71,8 @@ class TrainingRun:
             self.callbacks.load_state_dict(resumed.get("callbacks", []))
         self.best: float | None = resumed.get("best_val_metric")
         self.log = TrainingLog(config.work_dir / TRAINING_LOG, enabled=self.is_main)
+        if self.is_main:
+            write_run_info(config.work_dir / RUN_INFO, engine, plan)
         self.throughput = Throughput(model.num_parameters, engine.device, config.world_size)
         self.guard = NonFiniteGuard(engine.grad_scaler is not None, self.schedule.global_batch)
         self.preemption = Preemption(plan.preemption_signal)
@@ -210,6 +216,21 @@ def validate(engine: Engine, plan: Any, tasks: list) -> dict[str, Any]:
         return summary(merge([evaluate_task(lm, spec, loaded) for spec, loaded in tasks]))
     finally:
         engine.model.train()
+
+
+def write_run_info(path: Any, engine: Engine, plan: Any) -> None:
+    """``{"precision", "world_size", "device", "global_batch", "grad_accum", "engine"}`` as
+    resolved by this run, as JSON."""
+    config = plan.config
+    info = {
+        "precision": engine.precision.name,
+        "world_size": config.world_size,
+        "device": engine.device.type,
+        "global_batch": plan.batch_size,
+        "grad_accum": config.grad_accum,
+        "engine": type(engine).__name__,
+    }
+    path.write_text(json.dumps(info) + "\n")
 
 
 def export_final_weights(engine: Engine, path: Any, is_main: bool) -> None:

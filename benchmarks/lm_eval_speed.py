@@ -1,0 +1,234 @@
+"""The package's scorer against lm-evaluation-harness's HF backend on the same tasks and model:
+scoring requests/s and whole-command wall time, measured in the same run.
+
+    python benchmarks/lm_eval_speed.py --piqa .gpudata/piqa --tokenizer .gpudata/gpt2-tokenizer \
+        --out results/lm_eval_speed.json [--suites piqa,synthetic] [--tiny]
+
+Suites: ``piqa`` — lm-eval's ``piqa`` on the official validation files (3,676 requests);
+``synthetic`` — >= 50,000 requests in HellaSwag's shape (long contexts, four long endings) and
+MMLU's (long questions, one-token answers), random text in each task's real schema. For each,
+one command per tool, timed from start to exit: ``tango run configs/mc_suite.jsonnet`` (the
+package, ``-D precision=bf16-mixed`` and ``32-true``) and ``lm_eval --model hf`` (``dtype``
+float32 and bfloat16 at ``--batch_size 64``, float32 at ``auto``), on a GPT-2 124M-shaped model
+(random weights). Scoring requests/s: requests over the time of the tool's own log-likelihood
+pass — the package's ``ScorerLM`` logs it; lm-eval's progress bar reports its rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _bench  # noqa: E402
+
+_bench.setup_paths()
+
+WORDS = (
+    "the of and to in is that for it as with was on be by at this from or an are not have "
+    "water light river stone market garden winter engine paper window music animal city road "
+    "build carry open close slowly quickly bright heavy small ancient modern simple careful"
+).split()
+
+OURS = (("package bf16-mixed", "bf16-mixed"), ("package 32-true", "32-true"))
+THEIRS = (
+    ("lm-eval hf float32 b64", "float32", "64"),
+    ("lm-eval hf bfloat16 b64", "bfloat16", "64"),
+    ("lm-eval hf float32 auto", "float32", "auto"),
+)
+
+
+def words(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+
+
+def piqa_data(piqa: Path, root: Path, limit: int | None) -> dict[str, int]:
+    lines = (piqa / "valid.jsonl").read_text(encoding="utf-8").splitlines()[:limit]
+    labels = (piqa / "valid-labels.lst").read_text().split()
+    rows = [{**json.loads(line), "label": int(label)} for line, label in zip(lines, labels)]
+    write_jsonl(root / "piqa" / "validation.jsonl", rows)
+    return {"piqa": 2 * len(rows)}
+
+
+def synthetic_data(root: Path, scale: float) -> dict[str, int]:
+    """HellaSwag-shaped (8,000 documents x 4 endings) and MMLU-shaped (5,000 x 4) documents."""
+    rng = random.Random(0)
+    hellaswag = [
+        {
+            "ind": i,
+            "activity_label": words(rng, 2),
+            "ctx_a": words(rng, 40),
+            "ctx_b": words(rng, 12),
+            "ctx": "",
+            "endings": [words(rng, rng.randint(15, 30)) for _ in range(4)],
+            "source_id": f"s{i}",
+            "split": "val",
+            "split_type": "indomain",
+            "label": str(i % 4),
+        }
+        for i in range(int(8000 * scale))
+    ]
+    mmlu = [
+        {
+            "question": words(rng, rng.randint(120, 250)),
+            "subject": "anatomy",
+            "choices": [words(rng, rng.randint(3, 10)) for _ in range(4)],
+            "answer": i % 4,
+        }
+        for i in range(int(5000 * scale))
+    ]
+    write_jsonl(root / "hellaswag" / "validation.jsonl", hellaswag)
+    write_jsonl(root / "mmlu_anatomy" / "test.jsonl", mmlu)
+    write_jsonl(root / "mmlu_anatomy" / "dev.jsonl", mmlu[:5])
+    return {"hellaswag": 4 * len(hellaswag), "mmlu_anatomy": 4 * len(mmlu)}
+
+
+def task_yamls(tasks: list[str], root: Path, out: Path) -> list[str]:
+    """For lm-eval's CLI: YAMLs that include its own task file and read the local data."""
+    import lm_eval.tasks
+    import yaml
+
+    tasks_dir = Path(lm_eval.tasks.__file__).parent
+    own = {"piqa": "piqa/piqa.yaml", "hellaswag": "hellaswag/hellaswag.yaml",
+           "mmlu_anatomy": "mmlu/default/mmlu_anatomy.yaml"}  # fmt: skip
+    paths = []
+    for task in tasks:
+        files = {p.stem: str(p.resolve()) for p in sorted((root / task).glob("*.jsonl"))}
+        body = {
+            "include": str(tasks_dir / own[task]),
+            "task": f"{task}_local",
+            "dataset_path": "json",
+            "dataset_name": None,
+            "dataset_kwargs": {"data_files": files},
+            "training_split": None,
+        }
+        path = out / f"{task}_local.yaml"
+        path.write_text(yaml.safe_dump(body, sort_keys=False))
+        paths.append(str(path))
+    return paths
+
+
+def timed(command: list[str], log: Path, timeout: float) -> tuple[float, int, str]:
+    started = time.perf_counter()
+    with log.open("w") as file:
+        try:
+            code = subprocess.run(
+                command, stdout=file, stderr=subprocess.STDOUT, timeout=timeout
+            ).returncode
+        except subprocess.TimeoutExpired:
+            code = 124
+    return time.perf_counter() - started, code, log.read_text(errors="replace")
+
+
+def ours_rate(output: str) -> float | None:
+    """Requests/s of the package's log-likelihood passes (``ScorerLM``'s log lines), pooled."""
+    found = re.findall(r"scored ([\d,]+) requests in ([\d.]+) s", output)
+    requests = sum(int(n.replace(",", "")) for n, _ in found)
+    seconds = sum(float(s) for _, s in found)
+    return requests / seconds if seconds else None
+
+
+def lm_eval_rate(output: str) -> float | None:
+    """Requests/s of lm-eval's log-likelihood pass: its progress bar's last line (``N/N [..]``
+    with elapsed time), requests over elapsed."""
+    bars = re.findall(
+        r"Running loglikelihood requests: 100%\|[^|]*\| (\d+)/\d+ \[(\d+):(\d+)", output
+    )
+    if not bars:
+        return None
+    requests, minutes, seconds = (int(value) for value in bars[-1])
+    elapsed = 60 * minutes + seconds
+    return requests / elapsed if elapsed else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--piqa", type=Path, required=True)
+    parser.add_argument("--tokenizer", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--suites", default="piqa,synthetic")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/lm_eval_speed"))
+    parser.add_argument("--timeout-s", type=float, default=240, help="per command")
+    parser.add_argument("--tiny", action="store_true", help="CPU smoke test: tiny model, few docs")
+    parser.add_argument("--commit")
+    args = parser.parse_args()
+    import torch
+
+    from tango_fairscale.model.causal_lm import ModelWrapper
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model_dir = args.work / "model"
+    shape = _bench.SHAPES["tiny" if args.tiny else "124m"]
+    config = {"model_type": "gpt2", "n_positions": 1024, **shape}
+    ModelWrapper(config=config, tokenizer=str(args.tokenizer), seed=0).save(model_dir)
+    results: list[dict[str, Any]] = []
+    report = {"environment": _bench.environment(args.commit), "model": config, "runs": results}
+    for suite in args.suites.split(","):
+        root = args.work / suite / "data"
+        if suite == "piqa":
+            requests = piqa_data(args.piqa, root, 50 if args.tiny else None)
+        else:
+            requests = synthetic_data(root, 0.002 if args.tiny else 1.0)
+        tasks = list(requests)
+        yamls = task_yamls(tasks, root, args.work / suite)
+        total = sum(requests.values())
+        commands = {}
+        for label, precision in OURS:
+            workspace = args.work / suite / f"ws-{precision}"
+            defines = [f"model={model_dir}", f"tasks={','.join(tasks)}", f"task_data_dir={root}",
+                       "train_steps=0", f"precision={precision}"]  # fmt: skip
+            tango = [sys.executable, "-m", "tango", "--log-level", "info", "run"]
+            command = [*tango, "configs/mc_suite.jsonnet", "-w", str(workspace)]
+            commands[label] = ([*command, *(f"-D{d}" for d in defines)], ours_rate)
+        for label, dtype, batch in THEIRS:
+            command = [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",
+                       f"pretrained={model_dir},dtype={dtype}", "--tasks", ",".join(yamls),
+                       "--batch_size", batch, "--device", device]  # fmt: skip
+            commands[label] = (command, lm_eval_rate)
+        for label, (command, rate_of) in commands.items():
+            log = args.work / suite / f"{label}.log"
+            seconds, code, output = timed(command, log, args.timeout_s)
+            rate = rate_of(output)
+            results.append(
+                {
+                    "suite": suite,
+                    "tool": label,
+                    "requests": total,
+                    "exit_code": code,
+                    "command_s": round(seconds, 2),
+                    "scoring_requests_per_s": None if rate is None else round(rate, 1),
+                }
+            )
+            print(json.dumps(results[-1]), flush=True)
+            _bench.write_json(args.out, report)
+    for suite in {r["suite"] for r in results}:
+        rows = [r for r in results if r["suite"] == suite and r["scoring_requests_per_s"]]
+        ours = max((r for r in rows if r["tool"].startswith("package")), default=None,
+                   key=lambda r: r["scoring_requests_per_s"])  # fmt: skip
+        theirs = max((r for r in rows if r["tool"].startswith("lm-eval")), default=None,
+                     key=lambda r: r["scoring_requests_per_s"])  # fmt: skip
+        if ours and theirs:
+            scoring = ours["scoring_requests_per_s"] / theirs["scoring_requests_per_s"]
+            report.setdefault("ratios", {})[suite] = {
+                "scoring": round(scoring, 2),
+                "command": round(theirs["command_s"] / ours["command_s"], 2),
+                "goal": ">= 10x lm-eval's scoring requests/s",
+            }
+    _bench.write_json(args.out, report)
+    print(json.dumps(report.get("ratios", {}), indent=1))
+
+
+if __name__ == "__main__":
+    main()
