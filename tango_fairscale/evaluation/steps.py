@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from tango import JsonFormat, Step
 from tango.common.exceptions import ConfigurationError
+from tango.common.logging import cli_logger
 from tango.integrations.torch import Model
 
 from .. import compat  # noqa: F401  (Tango fixes)
@@ -129,4 +130,24 @@ class TaskMetricsStep(Step[dict]):
         configs = [score["config"] for score in scores if "config" in score]
         if configs:
             merged["config"] = configs[0]
+        for line in describe(merged):  # the run's final numbers, on the console
+            cli_logger.info(line)
         return {**summary(merged), "lm_eval": merged}
+
+
+def describe(results: dict) -> list[str]:
+    """One line per task of lm-eval ``results``: ``task: metric value ± stderr, ... (N examples)``."""
+    lines = []
+    for task, metrics in results.get("results", {}).items():
+        shown = []
+        for key, value in metrics.items():
+            metric, _, filter_name = key.partition(",")
+            if not filter_name or "_stderr" in metric or not isinstance(value, (int, float)):
+                continue
+            stderr = metrics.get(f"{metric}_stderr,{filter_name}")
+            spread = f" ± {stderr:.4f}" if isinstance(stderr, (int, float)) else ""
+            shown.append(f"{metric} {value:.4f}{spread}")
+        count = results.get("n-samples", {}).get(task, {}).get("effective")
+        suffix = f" ({count} examples)" if count is not None else ""
+        lines.append(f"{task}: {', '.join(shown)}{suffix}")
+    return lines
