@@ -12,6 +12,9 @@ are in :mod:`.fairscale` and :mod:`.transformers`, applied where those libraries
 * A config key a component does not take fails with Tango's "Extra parameters passed to X: {...}",
   which names neither the fields X takes nor the one meant: the closest field and the list are
   added (``difflib``), for every ``FromParams`` class and step (``patch_tango_unknown_fields``).
+* While building the step graph, Tango deep-copies each argument that holds a step — and with it
+  the step and everything the step holds, such as a model its config built (5 s for a GPT-2 124M
+  on every ``tango run``). A step is a node of the graph: a copy of it is the step itself.
 * An unregistered ``type`` (a typo) makes Tango import each of its integrations in search of the
   name; with the pinned transformers its ``transformers`` integration raises ``ImportError``, so a
   typo surfaced as a raw import error. Integrations that do not import are skipped, and the typo
@@ -128,7 +131,14 @@ def patch_tango_registry_search() -> None:
     registrable.import_module_and_submodules = import_module_and_submodules  # type: ignore[assignment]
 
 
+def patch_tango_step_copies() -> None:
+    from tango import Step
+
+    Step.__deepcopy__ = lambda self, memo: self  # type: ignore[attr-defined]
+
+
 def apply() -> None:
+    patch_tango_step_copies()
     patch_tango_git_metadata()
     patch_tango_unknown_fields()
     patch_tango_registry_search()
