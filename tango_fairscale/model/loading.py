@@ -1,5 +1,6 @@
 """Loading a Hugging Face causal LM and its tokenizer from the hub, a directory or a config, with
-one-line errors for what cannot be loaded."""
+fp32 master weights whatever the checkpoint stores, and one-line errors for what cannot be loaded
+or does not make a usable model (a tokenizer without its files, an end-of-text id outside it)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,14 @@ from transformers.activations import NewGELUActivation
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from ..checks import one_line
+from .fingerprint import hub_revision, is_hub_id, unreachable
+
+#: Encoded by :func:`check_tokenizer`: a tokenizer that cannot encode it is not a real one.
+PROBE_TEXT = "Question: How do I open a jar?\nAnswer: Twist the lid."
+
+#: huggingface_hub 1.16's message when it retries a request on the client it closed after a
+#: connection error (the hub unreachable without ``HF_HUB_OFFLINE``).
+_CLOSED_CLIENT = "client has been closed"
 
 
 def fuse_tanh_gelu(model: torch.nn.Module) -> None:
@@ -30,18 +39,28 @@ def fuse_tanh_gelu(model: torch.nn.Module) -> None:
 
 
 def build_model(model: str | None, config: dict[str, Any] | None, seed: int) -> PreTrainedModel:
+    """The model of ``model`` (hub id or directory) or of ``config`` (random weights, seeded),
+    in fp32 whatever the checkpoint stores: transformers 5 keeps a checkpoint's dtype by default,
+    so a bf16 checkpoint would train and score in bf16 under any precision (bf16 values upcast
+    exactly; an engine casts to bf16 for ``bf16-true``)."""
     if config is None:
         assert model is not None
         try:
-            return AutoModelForCausalLM.from_pretrained(model)
+            return AutoModelForCausalLM.from_pretrained(
+                model, dtype=torch.float32, **hub_options(model)
+            )
         except (OSError, ValueError) as error:
             raise ConfigurationError(_cannot_load("model", model, error)) from None
+        except RuntimeError as error:
+            raise _unreachable_or(error, model) from None
     config = dict(config)
     if model is not None:
         try:
-            hf_config = AutoConfig.from_pretrained(model, **config)
+            hf_config = AutoConfig.from_pretrained(model, **hub_options(model), **config)
         except (OSError, ValueError) as error:
             raise ConfigurationError(_cannot_load("model config", model, error)) from None
+        except RuntimeError as error:
+            raise _unreachable_or(error, model) from None
     else:
         model_type = config.pop("model_type", None)
         if model_type is None:
@@ -53,17 +72,53 @@ def build_model(model: str | None, config: dict[str, Any] | None, seed: int) -> 
         hf_config = AutoConfig.for_model(model_type, **config)
     torch.manual_seed(seed)
     try:
-        return AutoModelForCausalLM.from_config(hf_config)
+        return AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
     except (ValueError, TypeError) as error:  # e.g. n_embd not divisible by n_head
         reason = one_line(error, 300)
         raise ConfigurationError(f"cannot build a model from 'config': {reason}") from None
 
 
+def hub_options(source: str) -> dict[str, Any]:
+    """``local_files_only`` for a hub id the hub does not answer for but the local cache holds
+    (:func:`~.fingerprint.hub_revision`; one line when neither does): huggingface_hub 1.16 would
+    otherwise retry on a closed client and raise a ``RuntimeError`` instead of using the cache."""
+    if not is_hub_id(source):
+        return {}
+    return {} if hub_revision(source).online else {"local_files_only": True}
+
+
+def _unreachable_or(error: RuntimeError, source: str) -> Exception:
+    """The one-line error for huggingface_hub's closed-client ``RuntimeError``, else ``error``."""
+    if _CLOSED_CLIENT in str(error):
+        return ConfigurationError(unreachable(source))
+    return error
+
+
 def load_tokenizer(source: str) -> Any:
     try:
-        return AutoTokenizer.from_pretrained(source)
+        return AutoTokenizer.from_pretrained(source, **hub_options(source))
     except (OSError, ValueError, TypeError) as error:
         raise ConfigurationError(_cannot_load("tokenizer", source, error)) from None
+    except RuntimeError as error:
+        raise _unreachable_or(error, source) from None
+
+
+def check_tokenizer(tokenizer: Any, source: str, config: Any) -> None:
+    """Refuse the near-empty tokenizer transformers 5 builds, without an error, from a directory
+    that lacks tokenizer files (GPT-2's: no tokens, text encodes to nothing; Gemma's: 5 special
+    tokens, text encodes to ``<unk>``): text must encode to known tokens, and the tokenizer must
+    have at least half the model's vocabulary (models pad theirs)."""
+    ids = tokenizer.encode(PROBE_TEXT, add_special_tokens=False)
+    unknown = getattr(tokenizer, "unk_token_id", None)
+    vocab_size = getattr(config.get_text_config(), "vocab_size", None)
+    too_small = isinstance(vocab_size, int) and len(tokenizer) < vocab_size // 2
+    if not ids or all(i == unknown for i in ids) or too_small:
+        raise ConfigurationError(
+            f"the tokenizer loaded from {source!r} has {len(tokenizer)} tokens for a model with a "
+            f"vocabulary of {vocab_size} and does not encode text: are its files missing "
+            "(tokenizer.json, or vocab.json + merges.txt)? Add them, or set 'tokenizer' to a "
+            "directory that has them"
+        )
 
 
 def set_padding_token(tokenizer: Any, config: Any) -> None:
@@ -80,6 +135,12 @@ def set_padding_token(tokenizer: Any, config: Any) -> None:
             raise ConfigurationError(
                 "the tokenizer has no pad or end-of-text token and the model config no "
                 "eos_token_id; add one of them to the model directory"
+            )
+        if not 0 <= eos_id < len(tokenizer):
+            raise ConfigurationError(
+                f"the model config's eos_token_id {eos_id} is outside the tokenizer's "
+                f"{len(tokenizer)} tokens; fix eos_token_id in config.json, or name the "
+                "tokenizer's end-of-text token in tokenizer_config.json"
             )
         tokenizer.eos_token = tokenizer.convert_ids_to_tokens(eos_id)
     tokenizer.pad_token = tokenizer.eos_token
