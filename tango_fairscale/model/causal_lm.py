@@ -1,5 +1,6 @@
 """The Tango ``Model`` around a Hugging Face causal LM: one ``forward`` for the training loss and
-for scoring choices, over right-padded or packed batches."""
+for scoring choices, over right-padded or packed batches; checked when loaded, and hashed for
+Tango's cache by how it was made and the fingerprint of its files (never by pickling it)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tango.common.det_hash import CustomDetHash
 from tango.common.exceptions import ConfigurationError
 from tango.integrations.torch import Model
 from transformers import PreTrainedModel
 
 from .. import compat  # noqa: F401  (Tango fixes)
 from ..compat.transformers import unpacked_sequences
-from .loading import build_model, fuse_tanh_gelu, load_tokenizer, set_padding_token
+from ..data.batches import collate, packed_batch
+from ..data.queries import Query
+from .fingerprint import source_fingerprint
+from .loading import build_model, check_tokenizer, fuse_tanh_gelu, load_tokenizer, set_padding_token
 from .logits import check_fast_path, logit_transform
 from .loss import loss_outputs, scored_row_nll
 
@@ -23,9 +28,13 @@ UNBOUNDED_TOKENIZER_LENGTH = int(1e30)
 #: Attention implementations that take the explicit (R, 1, T, T) masks of packed batches.
 MASKED_ATTENTION = ("sdpa", "eager")
 
+#: Part of every model's cache key: bump it when what a ModelWrapper made from the same arguments
+#: and files computes changes.
+MODEL_VERSION = "001"
+
 
 @Model.register("tango_fairscale::causal_lm")
-class ModelWrapper(Model):
+class ModelWrapper(Model, CustomDetHash):
     """A Hugging Face causal LM with its tokenizer, scoring choices the way lm-eval does.
 
     Registered as a Tango ``Model`` under the name ``"tango_fairscale::causal_lm"``.
@@ -48,6 +57,15 @@ class ModelWrapper(Model):
     With ``position_ids`` and ``query_ids`` it takes a packed batch from
     :func:`tango_fairscale.data.batches.packed_batch` instead (where :attr:`supports_packing`) and
     returns the same per query (``B`` = queries) as their right-padded rows would.
+
+    Loading refuses, in one line, a model whose own forward computes other log-likelihoods than
+    the scorer (:func:`~.logits.check_fast_path`), a tokenizer that does not encode text and an
+    end-of-text id outside the tokenizer. The weights are fp32 whatever the checkpoint stores.
+
+    Its Tango hash (a step's cache key) is :attr:`origin`: ``MODEL_VERSION``, the construction
+    arguments and the fingerprints of the ``model`` and ``tokenizer`` sources
+    (:func:`~.fingerprint.source_fingerprint`), taken before loading; not its weights, so code
+    that changes them afterwards sets ``origin`` (the training step sets its own unique id).
 
     Example (Jsonnet)::
 
@@ -81,6 +99,13 @@ class ModelWrapper(Model):
             raise ConfigurationError(
                 "a model built from 'config' needs 'tokenizer' (hub id or dir)"
             )
+        #: What the cache key of a step taking this model is made of (see the class docstring).
+        self.origin: tuple[Any, ...] = (
+            "tango_fairscale::causal_lm",
+            MODEL_VERSION,
+            {"model": model, "config": config, "tokenizer": tokenizer, "seed": seed},
+            *(source_fingerprint(s) if s is not None else None for s in (model, tokenizer)),
+        )
         self.model: PreTrainedModel = build_model(model, config, seed)
         fuse_tanh_gelu(self.model)
         #: What the model's own forward does to its head's output (the fast loss does the same).
@@ -92,7 +117,16 @@ class ModelWrapper(Model):
         #: Logged training metrics by step (set by the training step and the stored format).
         self.training_log: list[dict[str, Any]] = []
         self.tokenizer = load_tokenizer(tokenizer_source)
+        check_tokenizer(self.tokenizer, tokenizer_source, self.model.config)
         set_padding_token(self.tokenizer, self.model.config)
+        # Probed now, before an engine wraps (and shards) the model.
+        self._takes_packed_batches = (
+            self.model.config._attn_implementation in MASKED_ATTENTION
+            and packing_matches_padding(self)
+        )
+
+    def det_hash_object(self) -> Any:
+        return self.origin
 
     @property
     def max_length(self) -> int:
@@ -113,8 +147,11 @@ class ModelWrapper(Model):
 
     @property
     def supports_packing(self) -> bool:
-        """Whether the model's attention takes the explicit masks of packed batches."""
-        return self.model.config._attn_implementation in MASKED_ATTENTION
+        """Whether the model takes packed batches: its attention takes explicit masks and, probed
+        at load, it scores packed queries as it scores them padded (Bloom does not: its ALiBi is
+        built from a 2-D mask)."""
+        attention = self.model.config._attn_implementation  # may be set after loading
+        return attention in MASKED_ATTENTION and self._takes_packed_batches
 
     def forward(
         self,
@@ -165,6 +202,56 @@ class ModelWrapper(Model):
         """Write weights (safetensors), config and tokenizer in Hugging Face's layout."""
         self.model.save_pretrained(directory)
         self.tokenizer.save_pretrained(directory)
+
+
+def packing_refusal(model: ModelWrapper) -> str:
+    """The one-line refusal of ``pack_sequences: true`` for a model that does not take packed
+    batches (:attr:`ModelWrapper.supports_packing` is false)."""
+    name = type(model.model).__name__
+    attention = model.model.config._attn_implementation
+    if attention not in MASKED_ATTENTION:
+        problem = (
+            f"pack_sequences needs an attention that takes masks ('sdpa' or 'eager'); {name} "
+            f"uses {attention!r}"
+        )
+    else:
+        problem = (
+            f"pack_sequences needs a model that scores packed queries as padded ones; {name} "
+            "does not (probed at load)"
+        )
+    return f"{problem}: set pack_sequences to null (packed where possible) or false"
+
+
+#: The packing probe: a shared context with two continuations, and another query.
+_PROBE_QUERIES = (
+    Query((100, 101, 102, 103, 104, 105, 7, 8, 9), 3),
+    Query((100, 101, 102, 103, 104, 105, 11, 12), 2),
+    Query((5, 6, 7, 8), 2),
+)
+
+
+def packing_matches_padding(model: ModelWrapper) -> bool:
+    """Whether ``model`` scores the probe queries packed as it scores them right-padded (to 1e-4),
+    without error; in evaluation mode, on the model's device, without gradients."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            device = next(model.parameters()).device
+            padded = model(**move_batch(collate(_PROBE_QUERIES, model.pad_token_id), device))
+            packed = model(**move_batch(packed_batch(_PROBE_QUERIES, model.pad_token_id), device))
+    except (ValueError, RuntimeError, TypeError, IndexError):  # Bloom: "too many values to unpack"
+        return False
+    finally:
+        model.train(was_training)
+    return bool(
+        torch.allclose(
+            packed["loglikelihood"].double().cpu(),
+            padded["loglikelihood"].double().cpu(),
+            rtol=1e-4,
+            atol=1e-4,
+        )
+    )
 
 
 #: Batch entries :func:`move_batch` leaves on the CPU.

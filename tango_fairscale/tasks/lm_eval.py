@@ -3,11 +3,13 @@ loaded into lm-eval's own Task objects, checked up front, and their fine-tuning 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
 import logging
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,10 +17,12 @@ from typing import Any
 
 from tango.common import FromParams, Params
 from tango.common.dataset_dict import DatasetDictBase
+from tango.common.det_hash import CustomDetHash
 from tango.common.exceptions import ConfigurationError
 
 from .. import compat  # noqa: F401  (Tango fixes)
 from ..checks import did_you_mean, one_line, positive_int
+from ..model.fingerprint import files_fingerprint
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +44,7 @@ logging.getLogger("lm_eval.api.task").addFilter(_WithoutMetadataHint())
 
 
 @dataclass
-class TaskSpec(FromParams):
+class TaskSpec(FromParams, CustomDetHash):
     """One task (or group) of lm-evaluation-harness, as a config names it.
 
     Give one of:
@@ -63,6 +67,10 @@ class TaskSpec(FromParams):
 
         tasks: ["piqa", {name: "arc_easy", num_fewshot: 2}, {name: "hellaswag", limit: 500},
                 {name: "winogrande", data_dir: "/data/winogrande"}]
+
+    Its Tango hash (in the cache key of the steps that take it) is its fields and the
+    fingerprint of the local files it reads (:meth:`local_files`, by content): a data directory
+    or YAML changed in place is scored again.
     """
 
     name: str | None = None
@@ -108,6 +116,20 @@ class TaskSpec(FromParams):
             return super().from_params(params_, *args, config=config, **kwargs)
         return super().from_params(params_, *args, **kwargs)
 
+    def det_hash_object(self) -> Any:
+        fields = tuple((f.name, getattr(self, f.name)) for f in dataclasses.fields(self))
+        return (fields, files_fingerprint(self.local_files()))
+
+    def local_files(self) -> list[Path]:
+        """The files the task reads from disk: ``data_dir``'s ``<split>.jsonl``, the ``yaml``,
+        the YAMLs it includes and the Python files of its ``!function`` s (not lm-eval's own)."""
+        files = []
+        if self.data_dir is not None:
+            files += sorted(Path(self.data_dir).expanduser().glob("*.jsonl"))
+        if self.yaml is not None:
+            files += _yaml_files(Path(self.yaml).expanduser(), set())
+        return files
+
     @property
     def label(self) -> str:
         """The task's name, for messages and result keys."""
@@ -117,6 +139,28 @@ class TaskSpec(FromParams):
             return Path(self.yaml).stem
         assert self.config is not None
         return str(self.config.get("task") or self.config.get("group") or "task")
+
+
+_INCLUDE = re.compile(r"""^include:\s*['"]?([^'"\s#]+)""", re.MULTILINE)
+_FUNCTION = re.compile(r"!function\s+([\w.]+)")
+
+
+def _yaml_files(path: Path, seen: set[Path]) -> list[Path]:
+    """``path`` (a task YAML), the local YAMLs it includes (recursively) and its functions'
+    Python files; what does not exist (an lm-eval YAML included by name) is left out."""
+    path = path.resolve()
+    if path in seen or not path.is_file():
+        return []
+    seen.add(path)
+    text = path.read_text(errors="replace")
+    files = [path]
+    for match in _INCLUDE.finditer(text):
+        files += _yaml_files(path.parent / match.group(1), seen)
+    for match in _FUNCTION.finditer(text):
+        module = path.parent / (match.group(1).rsplit(".", 1)[0].replace(".", "/") + ".py")
+        if module.is_file() and module not in files:
+            files.append(module)
+    return files
 
 
 # --- loading ------------------------------------------------------------------------------------

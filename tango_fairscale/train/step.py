@@ -16,6 +16,7 @@ from .. import compat  # noqa: F401  (Tango fixes)
 from ..checks import boolean, one_of, positive_int, positive_ints
 from ..data.schedules import BatchSchedule
 from ..model.causal_lm import ModelWrapper
+from ..model.fingerprint import FingerprintedLazy
 from ..runtime import launcher
 from ..runtime.devices import job_devices
 from ..runtime.process_group import free_port
@@ -67,12 +68,18 @@ class TrainStep(Step[ModelWrapper]):
         of right-padded (:func:`~tango_fairscale.data.batches.packed_batch`): the same losses up
         to float rounding, far fewer positions on short data such as PIQA (measured on an H200,
         PIQA batch 16: GPT-2 124M fp32 1.30x the tokens/s in half the memory; GPT-2 1.5B bf16 at
-        batch 64: 1.92x in a third of the memory). Not for the ``pipe`` engine.
+        batch 64: 1.92x in a third of the memory). ``null``: packed where the engine's model
+        takes packed batches (``ModelWrapper.supports_packing``; never under the ``pipe``
+        engine), else padded; ``true`` is refused where it does not.
 
-    Returns the trained model; its ``training_log`` holds the logged loss and validation metrics
-    by step. ``log_every``, ``eval_batch_size``, ``distributed_port``, ``device_count`` and
+    Returns the trained model (fp32 weights, whatever the checkpoint and precision: a
+    ``bf16-true`` run's bf16 values, upcast exactly); its ``training_log`` holds the logged loss
+    and validation metrics by step, and its Tango hash is this step's unique id.
+
+    ``log_every``, ``eval_batch_size``, ``distributed_port``, ``device_count`` and
     ``pack_sequences`` are not part of the cache key: 1 or 8 devices, packed or not, train the
-    same model (up to float rounding).
+    same model (up to float rounding). The model's files are (:meth:`massage_kwargs`): a model
+    directory changed in place trains again.
 
     Example (Jsonnet)::
 
@@ -99,6 +106,15 @@ class TrainStep(Step[ModelWrapper]):
         "pack_sequences",
     }
 
+    @classmethod
+    def massage_kwargs(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The model's cache key holds the fingerprint of its files, not just their path
+        (:class:`~tango_fairscale.model.fingerprint.FingerprintedLazy`)."""
+        model = kwargs.get("model")
+        if isinstance(model, Lazy) and not isinstance(model, FingerprintedLazy):
+            kwargs = {**kwargs, "model": FingerprintedLazy.of(model)}
+        return kwargs
+
     @property
     def resources(self) -> StepResources:
         return self.step_resources or StepResources(gpu_count=self.kwargs.get("device_count", 1))
@@ -124,7 +140,7 @@ class TrainStep(Step[ModelWrapper]):
         distributed_port: int | None = None,
         preemption_signal: str = "SIGTERM",
         collective_timeout_s: int = 600,
-        pack_sequences: bool = False,
+        pack_sequences: bool | None = False,
     ) -> ModelWrapper:
         positive_ints(
             {
@@ -139,7 +155,8 @@ class TrainStep(Step[ModelWrapper]):
             }
         )
         positive_int("validate_every", validate_every, optional=True)
-        boolean("pack_sequences", pack_sequences)
+        if pack_sequences is not None:
+            boolean("pack_sequences", pack_sequences)
         one_of("preemption_signal", preemption_signal, PREEMPTION_SIGNALS)
         pairs = [
             pair
@@ -191,6 +208,7 @@ class TrainStep(Step[ModelWrapper]):
         state = torch.load(self.work_dir / FINAL_WEIGHTS, map_location="cpu", weights_only=True)
         trained.load_state_dict(state)  # strict: every key of the consolidated model must match
         trained.training_log = read_training_log(self.work_dir / TRAINING_LOG)
+        trained.origin = ("tango_fairscale::train", self.unique_id)  # no longer its base model
         return trained
 
 
