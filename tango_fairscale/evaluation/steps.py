@@ -3,6 +3,7 @@ log-likelihoods, lm-eval's results), and the results of several tasks merged and
 
 from __future__ import annotations
 
+import torch
 from tango import JsonFormat, Step
 from tango.common.exceptions import ConfigurationError
 from tango.common.logging import cli_logger
@@ -10,7 +11,7 @@ from tango.integrations.torch import Model
 
 from .. import compat  # noqa: F401  (Tango fixes)
 from ..checks import boolean, positive_int
-from ..model.causal_lm import ModelWrapper
+from ..model.causal_lm import ModelWrapper, packing_refusal
 from ..parallel.precision import resolve_precision
 from ..tasks.lm_eval import TaskSpec, load_tasks
 from .harness import evaluate_task, merge, summary
@@ -27,8 +28,10 @@ class TaskScoresStep(Step[dict]):
     lm-eval builds the task's requests (its prompts, few-shot examples, choices) and computes its
     metrics (``process_results`` and aggregation, stderr included); the log-likelihoods come from
     :class:`~tango_fairscale.evaluation.lm.ScorerLM` on the GPU when there is one: length-sorted
-    batches of at most ``batch_size`` queries and ``max_batch_tokens`` tokens, ``pack_sequences``
-    packed (a question's context once for all its choices). None of those three is part of the
+    batches of at most ``batch_size`` queries and ``max_batch_tokens`` tokens, packed (a
+    question's context once for all its choices) where the model takes packed batches
+    (``pack_sequences: null``, the default), or as ``pack_sequences`` says (``true`` is refused
+    for a model that does not take them; ``false`` pads). None of those three is part of the
     cache key: they change speed, not scores (up to float rounding).
 
     :param model: the model (``tango_fairscale::causal_lm``, or a trained model's step).
@@ -36,7 +39,8 @@ class TaskScoresStep(Step[dict]):
     :param precision: ``32-true`` (lm-eval's HF backend in fp32, to 1e-4 per request),
         ``bf16-mixed`` / ``16-mixed`` (autocast: faster; bf16's summed log-likelihoods within
         about 2e-3 relative of fp32's on PIQA), ``bf16-true`` (the model cast to bf16) or
-        ``auto`` (bf16-mixed on a bf16 GPU, else 32-true).
+        ``auto`` (bf16-mixed on a bf16 GPU, else 32-true). The model scores from fp32 weights
+        (whatever its checkpoint stores) except under ``bf16-true``.
     :param bootstrap_iters: lm-eval's bootstrap resamples for the stderr of metrics that are
         not means (0: no stderr).
 
@@ -64,12 +68,13 @@ class TaskScoresStep(Step[dict]):
         precision: str = "32-true",
         batch_size: int = 256,
         max_batch_tokens: int | None = 16384,
-        pack_sequences: bool = True,
+        pack_sequences: bool | None = None,
         bootstrap_iters: int = 100000,
     ) -> dict:
         positive_int("batch_size", batch_size)
         positive_int("max_batch_tokens", max_batch_tokens, optional=True)
-        boolean("pack_sequences", pack_sequences)
+        if pack_sequences is not None:
+            boolean("pack_sequences", pack_sequences)
         if isinstance(bootstrap_iters, bool) or not isinstance(bootstrap_iters, int):
             raise ConfigurationError(f"bootstrap_iters must be an integer, got {bootstrap_iters!r}")
         if not isinstance(model, ModelWrapper):
@@ -78,13 +83,13 @@ class TaskScoresStep(Step[dict]):
             )
         device = default_device()
         resolved = resolve_precision(precision, device)
-        if pack_sequences and not model.supports_packing:
-            raise ConfigurationError(
-                "pack_sequences needs an attention that takes masks ('sdpa' or 'eager'), the "
-                f"model uses {model.model.config._attn_implementation!r}; set it to false"
-            )
+        if pack_sequences is None:
+            pack_sequences = model.supports_packing
+        elif pack_sequences and not model.supports_packing:
+            raise ConfigurationError(packing_refusal(model))
         loaded = load_tasks(task)  # checked before the model moves or scores anything
-        model = model.to(device).eval()
+        # fp32 weights whatever the model holds; scoring_precision casts for bf16-true.
+        model = model.to(device=device, dtype=torch.float32).eval()
         lm = ScorerLM(
             lambda batch: model(**batch),
             model.tokenizer,

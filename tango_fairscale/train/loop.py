@@ -17,6 +17,7 @@ from tango.common import Lazy
 from tango.common.exceptions import ConfigurationError
 from tango.integrations.torch import Model, TrainCallback, TrainConfig, TrainingEngine
 
+from ..model.causal_lm import packing_refusal
 from ..parallel.engine import Engine
 from ..runtime.process_group import join_process_group, leave_process_group
 from ..tasks.lm_eval import TaskSpec
@@ -41,7 +42,8 @@ class TrainPlan:
     eval_batch_size: int
     preemption_signal: signal.Signals = signal.SIGTERM
     collective_timeout_s: float = 600.0
-    pack_sequences: bool = False
+    #: ``None``: packed where the engine takes packed batches (:func:`build_engine` decides).
+    pack_sequences: bool | None = False
     #: Modules that register the model's and engine's types: spawned processes import them.
     component_modules: tuple[str, ...] = ()
     callbacks: list[Lazy[TrainCallback]] = field(default_factory=list)
@@ -69,6 +71,8 @@ def train_worker(rank: int, plan: TrainPlan, store: dist.Store | None = None) ->
 
 
 def build_engine(plan: TrainPlan) -> Engine:
+    """The plan's engine, its model built and wrapped; ``plan.pack_sequences`` ``None`` becomes
+    whether the engine takes packed batches, ``True`` is refused (one line) where it does not."""
     for module in plan.component_modules:
         importlib.import_module(module)
     engine = plan.engine.construct(train_config=plan.config, model=plan.model)
@@ -76,12 +80,16 @@ def build_engine(plan: TrainPlan) -> Engine:
         raise ConfigurationError(
             f"'engine' must be a tango_fairscale engine, got {type(engine).__name__}"
         )
-    if plan.pack_sequences and not engine.accepts_packed_batches:
-        attention = engine.wrapped_model.model.config._attn_implementation
+    if plan.pack_sequences is None:
+        plan.pack_sequences = engine.accepts_packed_batches
+    elif plan.pack_sequences and not engine.accepts_packed_batches:
+        model = engine.wrapped_model
+        if not model.supports_packing:
+            raise ConfigurationError(packing_refusal(model))
         raise ConfigurationError(
-            f"pack_sequences needs an engine whose model takes packed batches; "
-            f"{type(engine).__name__} with attention {attention!r} does not (the pipe engine "
-            "never does): set pack_sequences to false"
+            f"pack_sequences needs an engine that takes packed batches; "
+            f"{type(engine).__name__} does not (the pipe engine never does): set "
+            "pack_sequences to null (packed where possible) or false"
         )
     return engine
 
