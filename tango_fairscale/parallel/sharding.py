@@ -72,6 +72,12 @@ class ShardingConfig(FromParams):
             )
         for pattern in patterns:
             compile_pattern(pattern)
+        if self.activation_checkpointing is True and self.modules_to_wrap == []:
+            raise ConfigurationError(
+                "sharding.activation_checkpointing: true checkpoints the modules of "
+                "modules_to_wrap, which is empty (the whole model is one unit): remove "
+                "modules_to_wrap (each transformer block) or list the modules to wrap"
+            )
 
     @classmethod
     def from_params(  # type: ignore[override]
