@@ -281,6 +281,10 @@ def run(
 def _tango_run(tango_args: Sequence[str]) -> int:
     from tango.__main__ import main as tango_main
 
+    from ..command_line import check_tango_run
+
+    # What `tango run` checks at the package's import: this process imported it before.
+    check_tango_run(["run", *tango_args])
     try:
         tango_main(args=["run", *tango_args], prog_name="tango")
     except SystemExit as done:
