@@ -44,6 +44,10 @@ local ref(name) = { type: 'ref', ref: name };
 assert train_steps >= 0 : 'train_steps must be 0 (evaluate only) or positive, got %d' % train_steps;
 assert lr > 0 : 'lr must be positive, got %s' % std.extVar('lr');
 assert limit >= 0 : 'limit must be 0 (all examples) or positive, got %d' % limit;
+// Checked here: with train_steps=0 only the scoring step reads it.
+local precisions = ['auto', '32-true', 'bf16-mixed', '16-mixed', 'bf16-true'];
+assert std.member(precisions, std.extVar('precision')) :
+       '-D precision must be one of %s, got "%s"' % [std.join(', ', precisions), std.extVar('precision')];
 assert !(std.extVar('engine') == 'pipe' && int('device_count') > 1) :
        "engine 'pipe' drives all its devices from one process: set -D device_count=1";
 
@@ -69,14 +73,16 @@ local piqa = { name: 'piqa', dataset: ref('piqa') };
       validate_every: int('validate_every'),
       log_every: int('log_every'),
       // Speed only (not in the cache key): queries packed end to end instead of padded rows
-      // (the pipe engine cuts batches into rows and takes padded ones).
-      pack_sequences: std.extVar('engine') != 'pipe',
+      // where the model takes packed batches (null); padded under the pipe engine and for
+      // models such as Bloom.
+      pack_sequences: null,
     },
     predictions: {
       type: 'tango_fairscale::task_scores',
       model: if train_steps > 0 then ref('trained_model') else model,
       task: piqa,
       precision: std.extVar('precision'),
+      pack_sequences: null,  // packed where the model takes packed batches
     },
     metrics: {
       type: 'tango_fairscale::task_metrics',

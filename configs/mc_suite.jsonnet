@@ -34,6 +34,9 @@ local ref(name) = { type: 'ref', ref: name };
 
 assert std.length(names) > 0 : '-D tasks must name at least one lm-eval task';
 assert train_steps >= 0 : 'train_steps must be 0 (evaluate only) or positive';
+local precisions = ['auto', '32-true', 'bf16-mixed', '16-mixed', 'bf16-true'];
+assert std.member(precisions, std.extVar('precision')) :
+       '-D precision must be one of %s, got "%s"' % [std.join(', ', precisions), std.extVar('precision')];
 
 local task(name) = {
   name: name,
@@ -57,7 +60,7 @@ local task(name) = {
       device_count: variables.int('device_count'),
       validate_every: variables.int('validate_every'),
       log_every: variables.int('log_every'),
-      pack_sequences: std.extVar('engine') != 'pipe',
+      pack_sequences: null,  // packed where the engine's model takes packed batches
     },
   } + {
     ['scores_' + name]: {
@@ -65,6 +68,7 @@ local task(name) = {
       model: if train_steps > 0 then ref('trained_model') else model,
       task: task(name),
       precision: std.extVar('precision'),
+      pack_sequences: null,
     }
     for name in names
   } + {
