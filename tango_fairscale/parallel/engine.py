@@ -4,6 +4,9 @@ checkpoint files.
 An engine is a Tango ``TrainingEngine``: it wraps the model (DDP, FSDP, ...) and runs forward,
 backward and the optimizer step. :class:`Engine` implements everything but the wrapping;
 subclasses override :meth:`Engine._wrap_model` and, when sharded, the state-dict hooks.
+Our ``tango_fairscale::train`` and Tango's own ``torch::train`` both drive engines; for the latter,
+:meth:`Engine.save_complete_weights_from_checkpoint` consolidates offline
+(:mod:`~tango_fairscale.parallel.consolidate`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from .. import compat  # noqa: F401  (Tango fixes)
 from ..checks import positive_number
 from ..model.causal_lm import ModelWrapper, move_batch
 from ..runtime.process_group import join_process_group
+from . import consolidate
 from .precision import resolve_precision
 from .sharding import ShardingConfig
 
@@ -52,6 +56,12 @@ class Engine(TrainingEngine):
         max_grad_norm: float | None = None,
     ) -> None:
         positive_number("max_grad_norm", max_grad_norm, optional=True)
+        if train_config.val_metric_name != "loss":  # set by torch::train's config only
+            raise ConfigurationError(
+                f"val_metric_name {train_config.val_metric_name!r}: the model's only validation "
+                "metric is 'loss'; for PIQA / lm-eval accuracy during training use the "
+                "tango_fairscale::train step (validate_every)"
+            )
         self.device = train_config.worker_local_default_device
         self.precision = resolve_precision(precision, self.device)
         self.max_grad_norm = max_grad_norm
@@ -114,6 +124,7 @@ class Engine(TrainingEngine):
     def forward_train(
         self, micro_batch: dict[str, Any], micro_batch_idx: int, num_micro_batches: int
     ) -> tuple[torch.Tensor, dict[str, Any]]:
+        self._check_batch(micro_batch)
         if micro_batch_idx == 0:
             self.optimizer.zero_grad(set_to_none=True)
         if micro_batch_idx < num_micro_batches - 1:
@@ -124,9 +135,21 @@ class Engine(TrainingEngine):
         return outputs["loss"] / num_micro_batches, outputs
 
     def forward_eval(self, batch: dict[str, Any]) -> dict[str, Any]:
+        self._check_batch(batch)
         batch = move_batch(batch, self.device)
         with torch.no_grad(), self._autocast():
             return self.model(**batch)
+
+    def _check_batch(self, batch: dict[str, Any]) -> None:
+        """Refuse a packed batch where it cannot be taken (our step refuses ``pack_sequences``
+        up front; under ``torch::train`` the user's collator makes the batches)."""
+        if "position_ids" in batch and not self.accepts_packed_batches:
+            attention = self.wrapped_model.model.config._attn_implementation
+            raise ConfigurationError(
+                f"{type(self).__name__} with attention {attention!r} cannot take packed batches "
+                "(with position_ids; the pipe engine never does): feed right-padded batches "
+                "(input_ids, attention_mask, labels)"
+            )
 
     def backward(self, loss: torch.Tensor) -> None:
         if self.grad_scaler is not None:
@@ -188,12 +211,19 @@ class Engine(TrainingEngine):
         rank = self.train_config.worker_id if rank is None else rank
         return checkpoint_dir / f"rank{rank}.pt"
 
+    def model_layout(self) -> dict[str, Any]:
+        """What a rank file carries besides :meth:`model_state` so that the full model can be
+        rebuilt offline from the files (nothing when that state is the full state)."""
+        return {}
+
     def save_checkpoint(self, checkpoint_dir: Path, client_state: dict[str, Any]) -> None:
-        """Write this rank's state into ``checkpoint_dir`` (the caller makes it final)."""
+        """Write this rank's state into ``checkpoint_dir`` (the caller makes it final); rank 0
+        adds the model's config and tokenizer (:func:`~.consolidate.save_model_files`)."""
         if not self.sharded and self.train_config.worker_id != 0:
             return  # every rank holds the same state; rank 0's copy serves all
         state = {
             "model": self.model_state(),
+            **self.model_layout(),
             "optimizer": self.optimizer_state(),
             "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler else None,
             "grad_scaler": self.grad_scaler.state_dict() if self.grad_scaler else None,
@@ -203,6 +233,8 @@ class Engine(TrainingEngine):
         path = self._state_file(checkpoint_dir)
         torch.save(state, path.with_suffix(".tmp"))
         os.replace(path.with_suffix(".tmp"), path)
+        if self.train_config.worker_id == 0:
+            consolidate.save_model_files(self.wrapped_model, checkpoint_dir)
 
     def load_checkpoint(self, checkpoint_dir: Path) -> dict[str, Any]:
         if not self.reshards_checkpoints:
@@ -227,13 +259,19 @@ class Engine(TrainingEngine):
     def save_complete_weights_from_checkpoint(
         self, checkpoint_dir: Path, weights_path: Path
     ) -> None:
-        """Tango's hook: the full weights of an unsharded checkpoint, saved as ``weights_path``."""
-        if self.sharded:
-            raise NotImplementedError("a sharded engine consolidates through full_model_state()")
-        state = torch.load(
-            self._state_file(checkpoint_dir, 0), map_location="cpu", weights_only=True
-        )
-        torch.save(state["model"], weights_path)
+        """Tango ``torch::train``'s last call, on rank 0 alone (the other ranks have returned):
+        the full weights of ``checkpoint_dir``, consolidated from its files without a collective,
+        saved as ``weights_path``. In one process ``self.model``, which ``torch::train`` returns
+        next, becomes a plain :class:`ModelWrapper` holding them (not the wrapped model)."""
+        checkpoint_dir = Path(checkpoint_dir).resolve()
+        state = consolidate.full_state_dict(checkpoint_dir)
+        temporary = weights_path.with_name(weights_path.name + ".tmp")
+        torch.save(state, temporary)
+        os.replace(temporary, weights_path)
+        if not self.train_config.is_distributed and (
+            self.sharded or self.model is not self.wrapped_model
+        ):
+            self.model = consolidate.plain_model(checkpoint_dir, state)
 
 
 DEFAULT_SHARDING = ShardingConfig()

@@ -115,6 +115,14 @@ class FairScaleEngine(ShardedEngine):
     def model_state(self) -> dict[str, torch.Tensor]:
         return self.fsdp.local_state_dict()
 
+    def model_layout(self) -> dict[str, Any]:
+        # FairScale's own record of which parameters each flat shard holds (names, shapes,
+        # padding): with it, consolidation needs neither the job nor the sharding config.
+        return {
+            "model_metadata": self.fsdp.local_metadata_dict(),
+            "world_size": self.train_config.world_size,
+        }
+
     def load_model_state(self, state: dict[str, torch.Tensor]) -> None:
         fairscale_fixes.load_local_state_dict(self.fsdp, state)
 

@@ -25,6 +25,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from ..model.causal_lm import ModelWrapper
+from . import consolidate
 from .engine import ShardedEngine
 from .sharding import apply_sharding, selected_units
 
@@ -48,8 +49,8 @@ class FSDP2Engine(ShardedEngine):
         before sharding; ``hybrid_shard`` shards within each node and replicates across nodes
         (a 2-D device mesh, replicas × processes per node).
 
-    Checkpoints are ``torch.distributed.checkpoint`` directories: a run saved on N processes
-    resumes on any number.
+    Checkpoints are ``torch.distributed.checkpoint`` directories (plus the model's config and
+    tokenizer): a run saved on N processes resumes on any number.
 
     Example (Jsonnet)::
 
@@ -135,6 +136,7 @@ class FSDP2Engine(ShardedEngine):
                 "client_state": client_state,
             }
             torch.save(trainer, checkpoint_dir / TRAINER_STATE)
+            consolidate.save_model_files(self.wrapped_model, checkpoint_dir)
 
     def load_checkpoint(self, checkpoint_dir: Path) -> dict[str, Any]:
         check_checkpoint_metadata(checkpoint_dir / ".metadata")
@@ -159,13 +161,6 @@ class FSDP2Engine(ShardedEngine):
         if self.train_config.worker_id != 0:
             return None
         return {key: value for key, value in state.items() if isinstance(value, torch.Tensor)}
-
-    def save_complete_weights_from_checkpoint(
-        self, checkpoint_dir: Path, weights_path: Path
-    ) -> None:
-        raise ConfigurationError(
-            "the fsdp2 engine consolidates through tango_fairscale::train, not torch::train"
-        )
 
 
 class _MetadataUnpickler(pickle.Unpickler):
