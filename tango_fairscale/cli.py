@@ -5,6 +5,7 @@
     tango-fairscale results -w WORKSPACE [--run NAME ...] [--plot FILE.png] [--json]
     tango-fairscale run [--rendezvous-timeout SECONDS] CONFIG [tango run options]
     python -m tango_fairscale run ...          (the same; the form torchrun starts with -m)
+    tango-fairscale export CHECKPOINT_DIR OUT_DIR
 
 ``results`` prints one row per run of the workspace (or of the named runs): model, engine,
 precision, devices, train steps and the PIQA validation metrics; ``--json`` prints the same as a
@@ -13,9 +14,11 @@ JSON list; ``--plot`` also draws the training loss and validation accuracy curve
 runs the Tango steps and the other ranks join its training steps
 (:mod:`tango_fairscale.runtime.launcher`).
 Without launcher variables it is plain ``tango run``. Its exit code is ``tango run``'s.
+``export`` writes the model of a saved checkpoint (any engine, any number of processes) as a
+Hugging Face directory (:mod:`tango_fairscale.export`), without starting the job.
 
-Problems (no workspace, no runs, an unknown run, nothing to plot) are reported in one line on
-stderr with exit code 2.
+Problems (no workspace, no runs, an unknown run, nothing to plot, not a complete checkpoint) are
+reported in one line on stderr with exit code 2. Only ``run`` and ``export`` import torch.
 """
 
 from __future__ import annotations
@@ -80,6 +83,20 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="...",
         help="'tango run' options: -w WORKSPACE, -D name=value, ...",
     )
+    export = commands.add_parser(
+        "export",
+        help="write a saved (sharded) checkpoint as a Hugging Face model directory",
+        description="Consolidate a checkpoint of any engine and number of processes (FairScale "
+        "rank files, an FSDP2 distributed checkpoint, ...) into a directory that "
+        "AutoModelForCausalLM.from_pretrained loads, in this process alone.",
+    )
+    export.add_argument(
+        "checkpoint",
+        metavar="CHECKPOINT_DIR",
+        help="a checkpoint (.../checkpoints/stepN), a checkpoints/ directory (its latest) or a "
+        "step's work directory",
+    )
+    export.add_argument("out_dir", metavar="OUT_DIR", help="a new (or empty) directory")
     return parser
 
 
@@ -103,6 +120,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _results(args)
         if args.command == "run":
             return _run(args)
+        if args.command == "export":
+            return _export(args)
     except (ResultsError, CommandError, OSError) as error:
         message = " ".join(str(error).split()) or type(error).__name__
         print(f"{PROG}: error: {message}", file=sys.stderr)
@@ -125,6 +144,19 @@ def _run(args: argparse.Namespace) -> int:
         return launcher.run([args.config, *args.tango_args], join_training, timeout)
     except launcher.LaunchError as error:
         raise CommandError(str(error)) from None
+
+
+def _export(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .export import CheckpointError, export
+
+    try:
+        checkpoint = export(Path(args.checkpoint), Path(args.out_dir))
+    except CheckpointError as error:
+        raise CommandError(str(error)) from None
+    print(f"{PROG}: wrote the model of {checkpoint} to {args.out_dir}", file=sys.stderr)
+    return 0
 
 
 def _results(args: argparse.Namespace) -> int:

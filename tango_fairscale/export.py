@@ -1,0 +1,32 @@
+"""``tango-fairscale export``: a saved checkpoint (any engine, any world size) → a Hugging Face
+model directory, in this process alone (no process group, no job)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from transformers import AutoTokenizer
+
+from .parallel.consolidate import (
+    HF_FILES,
+    CheckpointError,
+    find_checkpoint,
+    full_state_dict,
+    hf_model,
+)
+
+
+def export(checkpoint: Path, out_dir: Path) -> Path:
+    """Write the model of ``checkpoint`` (see :func:`~.parallel.consolidate.find_checkpoint`) into
+    ``out_dir`` as ``save_pretrained`` output (safetensors, config, tokenizer): it loads with
+    ``AutoModelForCausalLM.from_pretrained(out_dir)``, every key matched. Returns the checkpoint
+    directory read. Raises :class:`CheckpointError` (one line) for what cannot be exported."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise CheckpointError(f"{out_dir} already exists and is not empty; give a new directory")
+    directory = find_checkpoint(Path(checkpoint))
+    model = hf_model(directory, full_state_dict(directory))
+    tokenizer = AutoTokenizer.from_pretrained(directory / HF_FILES)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return directory

@@ -1,0 +1,216 @@
+"""``tango-fairscale export``: checkpoints written by the package's own loop (FairScale rank files
+at world size 1 and 2, an FSDP2 distributed checkpoint at world size 2, DDP's full state) become
+Hugging Face directories that ``from_pretrained`` loads with every key matched, equal to the run's
+own consolidated final weights; what is not a complete checkpoint is refused in one line."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import save_tiny_gpt2, train_in
+
+from tango_fairscale.cli import main
+from tango_fairscale.train.loop import FINAL_WEIGHTS
+
+STEPS = 5  # train_in checkpoints every 5 steps: the last checkpoint is the final model
+STEP_DIR = "checkpoints/step0000005"
+
+
+@pytest.fixture(scope="module")
+def odd_model_dir(tmp_path_factory, tokenizer_dir: Path) -> Path:
+    """A tiny GPT-2 of odd widths: at world size 2 FairScale pads its flat shards."""
+    return save_tiny_gpt2(tmp_path_factory.mktemp("odd-gpt2"), tokenizer_dir, n_embd=33, n_head=3)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, odd_model_dir: Path, piqa_small) -> Callable[..., Path]:
+    """``trained(engine, device_count, **engine_params)``: the work dir of a 5-step run of our
+    loop (each made once per module)."""
+    runs: dict[str, Path] = {}
+
+    def run(engine: str, device_count: int, **engine_params: Any) -> Path:
+        key = f"{engine}-{device_count}-{sorted(engine_params.items())}"
+        if key not in runs:
+            work_dir = tmp_path_factory.mktemp(f"{engine}-{device_count}")
+            name = f"tango_fairscale::{engine}"
+            train_in(
+                work_dir, odd_model_dir, piqa_small, name, device_count, STEPS, **engine_params
+            )
+            runs[key] = work_dir
+        return runs[key]
+
+    return run
+
+
+def export(capsys: pytest.CaptureFixture[str], *args: object) -> tuple[int, str]:
+    capsys.readouterr()  # what the fixtures' training printed
+    code = main(["export", *map(str, args)])
+    out, err = capsys.readouterr()
+    assert out == ""
+    return code, err
+
+
+# The three ways to name a checkpoint: the step's work dir, its checkpoints/ (latest), the step.
+UNFLATTENED = {"sharding": {"flatten_parameters": False}}
+
+
+@pytest.mark.parametrize(
+    ("engine", "device_count", "params", "given"),
+    [
+        ("fairscale", 1, {}, "."),
+        ("fairscale", 1, UNFLATTENED, STEP_DIR),
+        pytest.param("fairscale", 2, {}, "checkpoints", marks=pytest.mark.slow),
+        pytest.param("fsdp2", 2, {}, STEP_DIR, marks=pytest.mark.slow),
+        ("ddp", 1, {}, "checkpoints"),
+    ],
+    ids=["fairscale-1", "fairscale-1-unflattened", "fairscale-2", "fsdp2-2", "ddp-1"],
+)
+def test_export_equals_the_runs_final_weights(
+    engine: str, device_count: int, params: dict, given: str, trained, tmp_path: Path, capsys
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    work_dir = trained(engine, device_count, **params)
+    if engine == "fairscale" and device_count > 1:  # the shards are padded: cut off on export
+        metadata = torch.load(work_dir / STEP_DIR / "rank1.pt", weights_only=True)["model_metadata"]
+        paddings = [
+            p["padding"] for unit in metadata["param_metadata"] for p in unit["params"].values()
+        ]
+        assert any(paddings), paddings
+    code, err = export(capsys, work_dir / given, tmp_path / "hf")
+    assert code == 0, err
+    assert f"wrote the model of {work_dir / STEP_DIR} to {tmp_path / 'hf'}" in err
+
+    model, info = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", output_loading_info=True)
+    assert info == {
+        "missing_keys": set(),
+        "unexpected_keys": set(),
+        "mismatched_keys": set(),
+        "error_msgs": [],
+    }
+    final = torch.load(work_dir / FINAL_WEIGHTS, weights_only=True)  # the loop's own, gathered
+    exported = {f"model.{key}": value for key, value in model.state_dict().items()}
+    assert exported.keys() == final.keys()
+    for key, value in final.items():
+        torch.testing.assert_close(exported[key], value, rtol=0, atol=0, msg=key)
+    assert (tmp_path / "hf" / "tokenizer.json").is_file()
+
+
+# --- refusals: one line each, saying what to change -------------------------------------------
+
+
+def copy_of_checkpoint(source: Path, tmp_path: Path) -> Path:
+    target = tmp_path / "run"
+    shutil.copytree(source, target)
+    return target / STEP_DIR
+
+
+def edit_rank_file(path: Path, **changes: object) -> None:
+    """Set (or, given ``None``, remove) entries of a rank file."""
+    state = torch.load(path, weights_only=True)
+    for key, value in changes.items():
+        if value is None:
+            del state[key]
+        else:
+            state[key] = value
+    torch.save(state, path)
+
+
+def the_hf_files(step: Path) -> Path:
+    return step / "hf"
+
+
+def a_partial_copy(step: Path) -> Path:
+    partial = step.parent / ".partial-step0000010"
+    shutil.copytree(step, partial)
+    return partial
+
+
+def rank0_of_two(step: Path) -> Path:
+    edit_rank_file(step / "rank0.pt", world_size=2)
+    return step
+
+
+def truncated_rank0(step: Path) -> Path:
+    path = step / "rank0.pt"
+    path.write_bytes(path.read_bytes()[:1000])
+    return step
+
+
+def without(name: str) -> Callable[[Path], Path]:
+    def remove(step: Path) -> Path:
+        shutil.rmtree(step / name) if (step / name).is_dir() else (step / name).unlink()
+        return step
+
+    return remove
+
+
+def without_layout(step: Path) -> Path:
+    edit_rank_file(step / "rank0.pt", model_metadata=None)
+    return step
+
+
+CASES: dict[str, tuple[str, Callable[[Path], Path], str]] = {
+    # name: (engine of the run, what to make of a copy of its checkpoint, the message)
+    "not a checkpoint": ("fairscale", the_hf_files, "holds no checkpoint"),
+    "a partial checkpoint": ("fairscale", a_partial_copy, "is a partial checkpoint"),
+    "a missing rank file": (
+        "fairscale",
+        rank0_of_two,
+        "was written by 2 processes but holds rank0.pt: every rank0.pt ... rank1.pt",
+    ),
+    "an unreadable rank file": ("fairscale", truncated_rank0, "cannot read"),
+    "a missing distributed checkpoint file": (
+        "fsdp2",
+        without("__0_0.distcp"),
+        "lacks __0_0.distcp",
+    ),
+    "a partial distributed checkpoint": (
+        "fsdp2",
+        without(".metadata"),
+        "is a partial distributed checkpoint",
+    ),
+    "no model config": ("fairscale", without("hf"), "carries no model config"),
+    "shards without their layout": (
+        "fairscale",
+        without_layout,
+        "without their layout (model_metadata)",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_export_refuses_in_one_line(case: str, trained, tmp_path: Path, capsys) -> None:
+    engine, damage, message = CASES[case]
+    target = damage(copy_of_checkpoint(trained(engine, 1), tmp_path))
+    code, err = export(capsys, target, tmp_path / "hf")
+    assert code == 2
+    assert err.startswith("tango-fairscale: error: ") and err.count("\n") == 1, err
+    assert message in err, err
+    assert not (tmp_path / "hf").exists()
+
+
+def test_export_refuses_a_nonempty_output_directory(trained, tmp_path: Path, capsys) -> None:
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text("{}")
+    code, err = export(capsys, trained("fairscale", 1), tmp_path / "hf")
+    assert code == 2 and "already exists and is not empty" in err
+
+
+def test_the_command_imports_torch_only_when_exporting() -> None:
+    code = (
+        "import sys, tango_fairscale.cli as cli\n"
+        "assert 'torch' not in sys.modules, 'imported torch'\n"
+        "try:\n    cli.main(['export', '--help'])\nexcept SystemExit:\n    pass\n"
+        "assert 'torch' not in sys.modules, 'export --help imported torch'\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "CHECKPOINT_DIR OUT_DIR" in result.stdout
