@@ -17,7 +17,7 @@
 # Suites (name | GPUs | nominal seconds | the figure it produces); `gpu.sh --list` and
 # benchmarks/index.py read these lines:
 #@ tests | 1 | 120 | GPU-only tests pass (compiled loss, packed batches on a GPU, fp16 overflow in every engine)
-#@ e2e | 1 | 330 | the whole flow: tango run configs/gpt2_piqa.jsonnet with every engine on the visible GPUs
+#@ e2e | 1 | 200 | the whole flow: tango run configs/gpt2_piqa.jsonnet with every engine on the visible GPUs (pipe on a Llama shape), and a command's fixed cost
 #@ train-synthetic-124m | 1 | 240 | MFU >= 30 % at GPT-2 124M; sharded engines >= 1.3x ddp bf16 autocast (124M)
 #@ train-synthetic-1.5b | 1 | 400 | MFU >= 45 % at GPT-2 1.5B; FairScale within 10 % of FSDP2; sharded engines >= 1.3x ddp bf16 (1.5B)
 #@ train-piqa | 1 | 300 | FairScale bf16 + checkpointing on PIQA batches of 16 per GPU: memory <= 1/3 of DDP fp32, throughput >= DDP fp32
@@ -27,10 +27,9 @@
 #@ max-model | 1 | 540 | largest model that trains 10 steps: >= 6B on one H200, >= 12B on two
 #@ pipe | 2 | 300 | pipe engine over two GPUs against one: throughput, memory per device, the bubble
 #@ multinode | 2 | 540 | two torchrun "nodes" end bit-identical to the single-node run (fsdp2, hybrid_shard, fairscale)
+#@ lm-eval | 1 | 200 | the package's scoring >= 10x lm-eval's HF backend (requests/s), whole commands, PIQA and >= 50k synthetic requests
+#@ torch-train | 1 | 70 | Tango's torch::train with the fsdp2 engine (bf16-mixed) next to tango_fairscale::train: tokens/s
 # Groups: train-synthetic = train-synthetic-124m train-synthetic-1.5b.
-# To be added (by their owners): lm-eval (our scorer against `lm_eval --model hf` on PIQA, and a
-# synthetic suite of >= 50k requests) and torch-train (Tango's torch::train with our engines
-# against our train step).
 set -u -o pipefail
 
 SELF=benchmarks/gpu.sh
@@ -107,7 +106,7 @@ suite_tests() {
 
 suite_e2e() {  # results.txt (the runs x metrics table), curves.png; E2E_DEVICES to override
   step "$BUDGET" env OUT="$DIR" BENCH_SKIP_INSTALL=1 BENCH_TOTAL_S="$BUDGET" \
-    E2E_STEPS="${E2E_STEPS:-$([ ${#TINY[@]} -gt 0 ] && echo 4 || echo 60)}" bash scripts/gpu_e2e.sh
+    E2E_STEPS="${E2E_STEPS:-$([ ${#TINY[@]} -gt 0 ] && echo 4 || echo 40)}" bash scripts/gpu_e2e.sh
 }
 
 suite_train_synthetic_124m() {  # seq 1024 batch 64, 25 warm-up steps: the compiled steady state
@@ -176,6 +175,19 @@ suite_pipe() {  # one process, the stages on every visible GPU, against ddp-bf16
     --plan "$plan_124m" --batch-size 1.5b=8,124m=16,tiny=8 --steps 1.5b=5,124m=8 \
     --warmup 1.5b=2,124m=2 --compare-to '' --target '' --config-timeout 100 \
     --out "$DIR/train_speed_pipe.json"
+}
+
+suite_lm_eval() {  # lm_eval_speed.json: requests/s and command seconds of each tool and setting
+  step "$BUDGET" "$PY" benchmarks/lm_eval_speed.py "${TINY[@]}" --piqa "$PIQA" --tokenizer "$TOK" \
+    --timeout-s 120 --budget-s $(( BUDGET - 25 )) --out "$DIR/lm_eval_speed.json"
+  [ "$DRY_RUN" = 1 ] || grep '^{' "$DIR/log.txt" | tee -a "$LOG"
+}
+
+suite_torch_train() {  # torch_train_speed.json: tokens/s of torch::train and of the package's step
+  step "$BUDGET" "$PY" benchmarks/torch_train_speed.py "${TINY[@]}" --piqa "$PIQA" --tokenizer "$TOK" \
+    --engine fsdp2 --precision bf16-mixed --timeout-s $(( BUDGET / 2 - 5 )) \
+    --out "$DIR/torch_train_speed.json"
+  [ "$DRY_RUN" = 1 ] || grep '^{' "$DIR/log.txt" | tee -a "$LOG"
 }
 
 suite_multinode() {  # multinode.json: the largest weight difference of each launch to one node

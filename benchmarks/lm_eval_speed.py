@@ -7,10 +7,10 @@ scoring requests/s and whole-command wall time, measured in the same run.
 Suites: ``piqa`` — lm-eval's ``piqa`` on the official validation files (3,676 requests);
 ``synthetic`` — >= 50,000 requests in HellaSwag's shape (long contexts, four long endings) and
 MMLU's (long questions, one-token answers), random text in each task's real schema. For each,
-one command per tool, timed from start to exit: ``tango run configs/mc_suite.jsonnet`` (the
-package, ``-D precision=bf16-mixed`` and ``32-true``) and ``lm_eval --model hf`` (``dtype``
-float32 and bfloat16 at ``--batch_size 64``, float32 at ``auto``), on a GPT-2 124M-shaped model
-(random weights). Scoring requests/s: requests over the time of the tool's own log-likelihood
+one command per tool and setting (:data:`RUNS`, by priority within ``--budget-s``), timed from
+start to exit: ``tango run configs/mc_suite.jsonnet`` (the package; ``-D precision``) and
+``lm_eval --model hf`` (``dtype``; ``--batch_size 64`` and ``auto``), on a GPT-2 124M-shaped
+model (random weights). Scoring requests/s: requests over the time of the tool's own log-likelihood
 pass — the package's ``ScorerLM`` logs it; lm-eval's progress bar reports its rate.
 """
 
@@ -37,12 +37,21 @@ WORDS = (
     "build carry open close slowly quickly bright heavy small ancient modern simple careful"
 ).split()
 
-OURS = (("package bf16-mixed", "bf16-mixed"), ("package 32-true", "32-true"))
-THEIRS = (
-    ("lm-eval hf float32 b64", "float32", "64"),
-    ("lm-eval hf bfloat16 b64", "bfloat16", "64"),
-    ("lm-eval hf float32 auto", "float32", "auto"),
-)
+#: Each suite's runs, by priority: (label, tool, setting, lm-eval batch size).
+RUNS = {
+    "piqa": [
+        ("package bf16-mixed", "package", "bf16-mixed", None),
+        ("lm-eval hf float32 b64", "lm-eval", "float32", "64"),
+        ("lm-eval hf float32 auto", "lm-eval", "float32", "auto"),
+        ("package 32-true", "package", "32-true", None),
+        ("lm-eval hf bfloat16 b64", "lm-eval", "bfloat16", "64"),
+    ],
+    "synthetic": [
+        ("package bf16-mixed", "package", "bf16-mixed", None),
+        ("lm-eval hf float32 b64", "lm-eval", "float32", "64"),
+        ("lm-eval hf float32 auto", "lm-eval", "float32", "auto"),
+    ],
+}
 
 
 def words(rng: random.Random, n: int) -> str:
@@ -161,6 +170,7 @@ def main() -> None:
     parser.add_argument("--suites", default="piqa,synthetic")
     parser.add_argument("--work", type=Path, default=Path("/tmp/lm_eval_speed"))
     parser.add_argument("--timeout-s", type=float, default=240, help="per command")
+    parser.add_argument("--budget-s", type=float, default=1e9, help="all commands: skip the rest")
     parser.add_argument("--tiny", action="store_true", help="CPU smoke test: tiny model, few docs")
     parser.add_argument("--commit")
     args = parser.parse_args()
@@ -168,13 +178,18 @@ def main() -> None:
 
     from tango_fairscale.model.causal_lm import ModelWrapper
 
+    begun = time.perf_counter()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model_dir = args.work / "model"
     shape = _bench.SHAPES["tiny" if args.tiny else "124m"]
     config = {"model_type": "gpt2", "n_positions": 1024, **shape}
     ModelWrapper(config=config, tokenizer=str(args.tokenizer), seed=0).save(model_dir)
     results: list[dict[str, Any]] = []
-    report = {"environment": _bench.environment(args.commit), "model": config, "runs": results}
+    report: dict[str, Any] = {
+        "environment": _bench.environment(args.commit),
+        "model": config,
+        "runs": results,
+    }
     for suite in args.suites.split(","):
         root = args.work / suite / "data"
         if suite == "piqa":
@@ -185,21 +200,27 @@ def main() -> None:
         yamls = task_yamls(tasks, root, args.work / suite)
         total = sum(requests.values())
         commands = {}
-        for label, precision in OURS:
-            workspace = args.work / suite / f"ws-{precision}"
-            defines = [f"model={model_dir}", f"tasks={','.join(tasks)}", f"task_data_dir={root}",
-                       "train_steps=0", f"precision={precision}"]  # fmt: skip
-            tango = [sys.executable, "-m", "tango", "--log-level", "info", "run"]
-            command = [*tango, "configs/mc_suite.jsonnet", "-w", str(workspace)]
-            commands[label] = ([*command, *(f"-D{d}" for d in defines)], ours_rate)
-        for label, dtype, batch in THEIRS:
-            command = [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",
-                       f"pretrained={model_dir},dtype={dtype}", "--tasks", ",".join(yamls),
-                       "--batch_size", batch, "--device", device]  # fmt: skip
-            commands[label] = (command, lm_eval_rate)
+        for label, tool, setting, batch in RUNS[suite]:
+            if tool == "package":
+                workspace = args.work / suite / f"ws-{setting}"
+                defines = [f"model={model_dir}", f"tasks={','.join(tasks)}",
+                           f"task_data_dir={root}", "train_steps=0",
+                           f"precision={setting}"]  # fmt: skip
+                tango = [sys.executable, "-m", "tango", "--log-level", "info", "run"]
+                command = [*tango, "configs/mc_suite.jsonnet", "-w", str(workspace)]
+                commands[label] = ([*command, *(f"-D{d}" for d in defines)], ours_rate)
+            else:
+                command = [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",
+                           f"pretrained={model_dir},dtype={setting}", "--tasks", ",".join(yamls),
+                           "--batch_size", str(batch), "--device", device]  # fmt: skip
+                commands[label] = (command, lm_eval_rate)
         for label, (command, rate_of) in commands.items():
+            left = args.budget_s - (time.perf_counter() - begun)
+            if left < 20:
+                print(f"skipped {suite} {label}: {left:.0f} s of the budget left", flush=True)
+                continue
             log = args.work / suite / f"{label}.log"
-            seconds, code, output = timed(command, log, args.timeout_s)
+            seconds, code, output = timed(command, log, min(args.timeout_s, left))
             rate = rate_of(output)
             results.append(
                 {
