@@ -120,8 +120,10 @@ class ModelWrapper(Model, CustomDetHash):
         check_tokenizer(self.tokenizer, tokenizer_source, self.model.config)
         set_padding_token(self.tokenizer, self.model.config)
         # Probed now, before an engine wraps (and shards) the model.
+        window = attention_window(self.model.config)
         self._takes_packed_batches = (
             self.model.config._attn_implementation in MASKED_ATTENTION
+            and (window is None or window >= self.max_length)
             and packing_matches_padding(self)
         )
 
@@ -147,9 +149,10 @@ class ModelWrapper(Model, CustomDetHash):
 
     @property
     def supports_packing(self) -> bool:
-        """Whether the model takes packed batches: its attention takes explicit masks and, probed
-        at load, it scores packed queries as it scores them padded (Bloom does not: its ALiBi is
-        built from a 2-D mask)."""
+        """Whether the model takes packed batches: its attention takes explicit masks, no layer
+        attends a window shorter than :attr:`max_length` (a packed batch's mask is the same for
+        every layer, without the window) and, probed at load, it scores packed queries as it
+        scores them padded (Bloom does not: its ALiBi is built from a 2-D mask)."""
         attention = self.model.config._attn_implementation  # may be set after loading
         return attention in MASKED_ATTENTION and self._takes_packed_batches
 
@@ -214,12 +217,36 @@ def packing_refusal(model: ModelWrapper) -> str:
             f"pack_sequences needs an attention that takes masks ('sdpa' or 'eager'); {name} "
             f"uses {attention!r}"
         )
+    elif (window := attention_window(model.model.config)) is not None and window < model.max_length:
+        problem = (
+            f"pack_sequences needs a model whose attention sees every earlier token; {name} "
+            f"attends a window of {window} tokens in some layers"
+        )
     else:
         problem = (
             f"pack_sequences needs a model that scores packed queries as padded ones; {name} "
             "does not (probed at load)"
         )
     return f"{problem}: set pack_sequences to null (packed where possible) or false"
+
+
+def attention_window(config: Any) -> int | None:
+    """The shortest window of past tokens a layer of the model attends (sliding-window or local
+    attention in some or all layers), or ``None`` when every layer sees every earlier token."""
+    config = config.get_text_config()
+    layer_types = getattr(config, "layer_types", None)
+    windows = []
+    if layer_types is not None:
+        if any(kind != "full_attention" for kind in layer_types):
+            windows += [getattr(config, "sliding_window", None)]
+            windows += [getattr(config, "attention_chunk_size", None)]
+    else:
+        windows += [getattr(config, "sliding_window", None)]
+    if "local" in (getattr(config, "attention_layers", None) or ()):  # GPT-Neo
+        windows += [getattr(config, "window_size", None)]
+    windows += [getattr(config, "attention_window_size", None)]  # RecurrentGemma
+    known = [int(w) for w in windows if isinstance(w, int) and not isinstance(w, bool)]
+    return min(known) if known else None
 
 
 #: The packing probe: a shared context with two continuations, and another query.
@@ -232,8 +259,9 @@ _PROBE_QUERIES = (
 
 def packing_matches_padding(model: ModelWrapper) -> bool:
     """Whether ``model`` scores the probe queries packed as it scores them right-padded (to 1e-4),
-    without error; in evaluation mode, on the model's device, without gradients."""
-    was_training = model.training
+    without error; in evaluation mode, on the model's device, without gradients (every module's
+    mode is restored after)."""
+    modes = [(module, module.training) for module in model.modules()]
     model.eval()
     try:
         with torch.no_grad():
@@ -243,7 +271,8 @@ def packing_matches_padding(model: ModelWrapper) -> bool:
     except (ValueError, RuntimeError, TypeError, IndexError):  # Bloom: "too many values to unpack"
         return False
     finally:
-        model.train(was_training)
+        for module, training in modes:
+            module.training = training
     return bool(
         torch.allclose(
             packed["loglikelihood"].double().cpu(),
