@@ -1,4 +1,4 @@
-"""Tests for run inspection (``tango_fairscale.results``, ``tango_fairscale.workspace_reader``).
+"""Tests for run inspection (``tango_fairscale.results``: workspace reader, run states, reports).
 
 ``results_workspace`` runs ``tango run`` three times into one workspace, once per test session
 (``test_cli.py`` shares it): ``broken`` (``configs/gpt2_piqa.jsonnet``, 4 DDP steps on a model
@@ -33,7 +33,7 @@ from tango_fairscale.results import (
     training_curves,
     training_log_path,
 )
-from tango_fairscale.workspace_reader import (
+from tango_fairscale.results.workspace import (
     LocalReader,
     RunRecord,
     StepRecord,
@@ -72,15 +72,16 @@ def _tango_run(
 
 def build_workspace(base: Path, model_dir: Path, piqa_dir: Path) -> Path:
     """The three runs in ``base/workspace``, built once (a marker file records completion)."""
-    workspace, marker, late_model = base / "workspace", base / "workspace.done", base / "late-model"
+    workspace, marker = base / "workspace", base / "workspace.done"
     if marker.is_file():
         return workspace
     train = {"data_dir": piqa_dir, "train_steps": TRAIN_STEPS, "batch_size": 4, "lr": 1e-3}
-    train["validate_every"] = 2
-    # Tango records the failure of trained_model in the workspace and exits non-zero.
-    _tango_run(workspace, "broken", fails=True, model=late_model, **train)
-    shutil.copytree(model_dir, late_model)
-    _tango_run(workspace, "trained", model=late_model, **train)
+    train.update(validate_every=2, model=model_dir)
+    # The train step fails (a batch of 4 does not split over 3 processes) after the run is
+    # registered: Tango records the failure and exits non-zero. device_count is not part of the
+    # step's cache key, so "trained" then completes the very same steps.
+    _tango_run(workspace, "broken", fails=True, device_count=3, **train)
+    _tango_run(workspace, "trained", **train)
     _tango_run(
         workspace,
         "suite",
@@ -140,13 +141,13 @@ def test_collect_runs_reads_configuration_status_and_metrics(
         assert summary.status == "completed" and summary.error is None
         assert summary.metrics == workspace.step_result_for_run(summary.name, "metrics")
         assert summary.wall_time_s is not None and summary.wall_time_s > 0
-    assert trained.model == str(results_workspace.parent / "late-model")
+    assert trained.model == str(tiny_model_dir)
     assert trained.num_examples == LIMIT
     assert trained.acc == trained.metrics["acc"] and trained.acc_norm == trained.metrics["acc_norm"]
     assert (trained.engine, trained.device_count, trained.train_steps) == ("ddp", 1, TRAIN_STEPS)
     assert (trained.batch_size, trained.lr, trained.seed) == (4, 1e-3, 42)
-    # The run did not record what `auto` resolved to: the configured name, marked as such.
-    assert (trained.precision, trained.precision_recorded) == ("auto", False)
+    # What `auto` resolved to on this machine, as the train step recorded it (run_info.json).
+    assert (trained.precision, trained.precision_recorded) == ("32-true", True)
     assert trained.train_time_s is not None and 0 < trained.train_time_s < trained.wall_time_s
     assert trained.training_log is not None and Path(trained.training_log).is_file()
     assert trained.host and trained.steps["piqa"].reused  # broken loaded the documents
@@ -181,7 +182,7 @@ def test_a_failed_run_is_not_completed_by_a_later_runs_steps(results_workspace: 
     assert broken.status == "failed: trained_model"
     assert broken.metrics is None and broken.acc is None and broken.tasks == []
     assert broken.error is not None and broken.error.startswith("trained_model: ")
-    assert "late-model" in broken.error and "cannot load model" in broken.error
+    assert "batch_size 4 must be divisible by device_count" in broken.error
     assert broken.steps["trained_model"].superseded
     assert broken.steps["metrics"].state == "incomplete"
     assert broken.train_time_s is None and broken.training_log is None
@@ -235,7 +236,7 @@ def test_format_table_shows_runs_then_tasks_with_stderr(results_workspace: Path)
         assert column in lines[0]
     rows = {line.split()[0]: line for line in lines[2:]}
     assert "failed: trained_model" in rows["broken"]
-    assert " ddp " in rows["trained"] and " auto (unrecorded) " in rows["trained"]
+    assert " ddp " in rows["trained"] and " 32-true " in rows["trained"]
     assert " 0.001 " in rows["trained"] and " 42 " in rows["trained"]
     assert len({len(line) for line in rows.values()}) == 1  # right-aligned numbers end together
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .step_infos import StepRecord
-from .workspace_reader import RunRecord, WorkspaceReader
+from .workspace import RunRecord, WorkspaceReader
 
 __all__ = ["StepStatus", "run_start", "run_status", "step_statuses", "wall_time"]
 

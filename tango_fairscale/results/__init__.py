@@ -1,7 +1,7 @@
 """Summarise the runs of a workspace: configuration, this run's own state, lm-eval metrics per task.
 
 Reads step infos, the metrics result and the training log (``training_log.jsonl``) and the
-optional ``run_info.json`` of the training step through :mod:`.workspace_reader`: importing this
+optional ``run_info.json`` of the training step through :mod:`.workspace`: importing this
 module imports neither torch nor Tango, and model weights are never loaded. A run's state is its
 own: a step that a later run executed again (e.g. after this run's attempt failed) is not counted
 as done by this one.
@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
-from .results_report import TaskMetrics, draw_curves, format_table, run_json, task_metrics
+from ..train.log import TRAINING_LOG, read_training_log
+from .report import TaskMetrics, draw_curves, format_table, run_json, task_metrics
 from .run_state import StepStatus, run_status, step_statuses, wall_time
 from .step_infos import StepRecord
-from .train.log import TRAINING_LOG, read_training_log
-from .workspace_reader import ResultsError, RunRecord, WorkspaceReader, open_reader
+from .workspace import ResultsError, RunRecord, WorkspaceReader, open_reader
 
 __all__ = [
     "METRICS_STEP",

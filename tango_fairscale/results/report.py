@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .results import RunSummary
+    from . import RunSummary
 
 __all__ = ["TaskMetrics", "draw_curves", "format_table", "run_json", "task_metrics"]
 
