@@ -110,12 +110,30 @@ def multinode_figure(data: dict[str, Any]) -> str:
     return f"largest weight difference to one node: {max(measured):g} ({len(measured)} launches)"
 
 
+def lm_eval_speed_figure(data: dict[str, Any]) -> str:
+    parts = [
+        f"{suite}: scoring {ratio['scoring']:.1f}x lm-eval's requests/s, command "
+        f"{ratio['command']:.1f}x faster"
+        for suite, ratio in (data.get("ratios") or {}).items()
+    ]
+    return "; ".join(parts) or "no comparison measured"
+
+
+def torch_train_speed_figure(data: dict[str, Any]) -> str:
+    rates = {r["step"]: r.get("tokens_per_s") for r in data.get("runs", [])}
+    ratio = data.get("ratio_ours_to_torch_train")
+    shown = ", ".join(f"`{step}` {rate:,.0f} tokens/s" for step, rate in rates.items() if rate)
+    return f"{shown} ({ratio:.2f}x)" if ratio else shown or "no run measured"
+
+
 FIGURES = {
     "train_speed": train_speed_figure,
     "eval_speed": eval_speed_figure,
     "precision_run": precision_figure,
     "max_model": max_model_figure,
     "multinode": multinode_figure,
+    "lm_eval_speed": lm_eval_speed_figure,
+    "torch_train_speed": torch_train_speed_figure,
 }
 
 

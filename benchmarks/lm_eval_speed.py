@@ -186,6 +186,7 @@ def main() -> None:
     ModelWrapper(config=config, tokenizer=str(args.tokenizer), seed=0).save(model_dir)
     results: list[dict[str, Any]] = []
     report: dict[str, Any] = {
+        "benchmark": "lm_eval_speed",
         "environment": _bench.environment(args.commit),
         "model": config,
         "runs": results,

@@ -101,6 +101,7 @@ def main() -> None:
     tokens = mean_example_tokens(args.piqa, args.tokenizer, limit) * args.batch_size
     results: list[dict[str, Any]] = []
     report = {
+        "benchmark": "torch_train_speed",
         "environment": _bench.environment(args.commit),
         "model": config,
         "settings": {"engine": args.engine, "precision": args.precision, "steps": steps,
