@@ -87,8 +87,9 @@ class Engine(TrainingEngine):
             raise ConfigurationError(
                 f"the engine needs a 'tango_fairscale::causal_lm' model, got {type(model).__name__}"
             )
-        if self.precision.param_dtype != torch.float32:
-            model = model.to(self.precision.param_dtype)
+        # The dtype the optimizer updates, whatever the checkpoint stored (a bf16 checkpoint trains
+        # on fp32 master weights under 32-true and the -mixed precisions).
+        model = model.to(self.precision.param_dtype)
         return self._wrap_model(model)
 
     def _wrap_model(self, model: ModelWrapper) -> Model:
