@@ -179,11 +179,12 @@ def train_in(
     run_training(TrainPlan(config, model, engine_lazy, pairs, [task], 8, 32))
 
 
-def assert_same_training(reference, candidate_log, candidate_state) -> None:
-    """Per-step losses within 1e-5 relative, weights within 1e-5, same validation accuracies."""
+def assert_same_training(reference, candidate_log, candidate_state, steps: int = 20) -> None:
+    """Per-step losses within 1e-5 relative, weights within 1e-5, same validation accuracies;
+    ``steps`` losses in each log."""
     losses = [r["train_loss"] for r in reference.training_log if "train_loss" in r]
     other = [r["train_loss"] for r in candidate_log if "train_loss" in r]
-    assert len(losses) == len(other) == 20
+    assert len(losses) == len(other) == steps
     for step, (a, b) in enumerate(zip(losses, other), start=1):
         assert b == pytest.approx(a, rel=1e-5), f"loss differs at step {step}"
     expected = reference.state_dict()
@@ -198,6 +199,37 @@ def assert_same_training(reference, candidate_log, candidate_state) -> None:
 def ddp_reference(tmp_path_factory, tiny_model_dir: Path, piqa_small):
     """20 steps of DDP on 2 processes: what every engine and world size must reproduce."""
     return train_tiny(tmp_path_factory.mktemp("ddp"), tiny_model_dir, piqa_small, device_count=2)
+
+
+@pytest.fixture(scope="session")
+def trained_run(request, tmp_path_factory, tiny_model_dir: Path, tokenizer_dir: Path, piqa_small):
+    """``trained_run(name)``: the :class:`~helpers.group.TrainedRun` of the parity run ``name``
+    (``tests/helpers/parity.py``). The first request of a world size trains every run of that
+    world size that the selected tests name (``@pytest.mark.trains``) in one process group."""
+    from families import save_tiny_model
+    from helpers.parity import RunStore
+
+    needed = {
+        name
+        for item in request.session.items
+        for mark in item.iter_markers("trains")
+        for name in mark.args
+    }
+    saved: dict[str, Path] = {"tiny": tiny_model_dir}
+
+    def model_dir(name: str) -> Path:
+        if name not in saved:
+            saved[name] = save_tiny_model(name, tmp_path_factory.mktemp(name), tokenizer_dir)
+        return saved[name]
+
+    return RunStore(needed, tmp_path_factory.mktemp("parity-runs"), model_dir, piqa_small).get
+
+
+def assert_same_run(reference, candidate) -> None:
+    """:func:`assert_same_training` of two parity runs (``trained_run``), of the same length."""
+    assert_same_training(
+        reference, candidate.training_log, candidate.state_dict(), len(reference.losses())
+    )
 
 
 def child_processes(pid: int, marker: bytes) -> list[int]:

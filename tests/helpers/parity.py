@@ -1,0 +1,150 @@
+"""Parity runs: named training configurations that tests compare, trained together per world size.
+
+A test names the runs it reads with ``@pytest.mark.trains(name, ...)`` (or :func:`run_param`
+for one parameter of a parametrized test); the session fixture ``trained_run`` (``conftest.py``)
+trains every run that the selected tests name, all runs of one world size in one spawned process
+group (:func:`helpers.group.train_many`), the first time a test asks for one of them.
+
+Runs that nothing resumes train :data:`STEPS` steps, validate once after the last and write only
+the checkpoint the loop writes after the last step; tests that resume a run keep their own
+checkpoints (``conftest.train_in``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+#: Optimizer steps of a parity run (clipping is active from the first; validated after the last).
+STEPS = 10
+
+
+@dataclass
+class RunSpec:
+    """One training configuration, as ``conftest.train_tiny`` runs it (lm-eval's ``piqa`` over
+    ``piqa_small``, global batch 8, AdamW lr 1e-3, clipping at 0.5, fp32, seed 42, a loss logged
+    every step), with fewer steps and checkpoints."""
+
+    engine: str  # ddp | fairscale | fsdp2 | pipe
+    world_size: int
+    #: ``"tiny"`` (``tiny_model_dir``) or a family of ``tests/families.py``.
+    model: str = "tiny"
+    train_steps: int = STEPS
+    #: ``None``: validate after the last step only.
+    validate_every: int | None = None
+    #: ``None``: only the checkpoint after the last step (the loop always writes that one).
+    checkpoint_every: int | None = None
+    pack_sequences: bool | None = False
+    engine_params: Mapping[str, Any] = field(default_factory=dict)
+    #: ``False``: no validation (for runs whose checkpoints a test reads).
+    validate: bool = True
+
+
+SPECS: dict[str, RunSpec] = {}
+
+
+def define(name: str, spec: RunSpec) -> str:
+    """Register ``spec`` under ``name`` (at import: test modules define their runs)."""
+    assert SPECS.get(name, spec) == spec, f"run {name!r} defined twice, differently"
+    SPECS[name] = spec
+    return name
+
+
+def trains(*names: str) -> pytest.MarkDecorator:
+    """The mark naming the runs a test reads."""
+    unknown = [name for name in names if name not in SPECS]
+    assert not unknown, f"undefined runs {unknown}"
+    return pytest.mark.trains(*names)
+
+
+def run_param(value: Any, *names: str, id: str, slow: bool = False) -> Any:
+    """``pytest.param(value)`` of a test that reads the runs ``names`` (in the slow tier when
+    ``slow``)."""
+    marks = [trains(*names)] + ([pytest.mark.slow] if slow else [])
+    return pytest.param(value, id=id, marks=marks)
+
+
+#: The references: DDP on 2 processes, padded batches, fp32.
+DDP = define("ddp", RunSpec("ddp", 2))
+#: 20 steps, validating every 10 and checkpointing every 5: what ``conftest.train_in`` runs do.
+DDP_20 = define("ddp-20", RunSpec("ddp", 2, train_steps=20, validate_every=10, checkpoint_every=5))
+
+
+def build_plan(spec: RunSpec, work_dir: Path, model_dir: Path, dataset: Any) -> Any:
+    """The ``TrainPlan`` of ``spec`` in ``work_dir`` (:func:`~helpers.group.train_many` sets its
+    port)."""
+    from conftest import engine_config
+    from tango.common import Lazy, Params
+    from tango.integrations.torch import Model, TrainConfig, TrainingEngine
+
+    from tango_fairscale.tasks.lm_eval import TaskSpec, load_tasks, training_pairs
+    from tango_fairscale.train.loop import TrainPlan
+    from tango_fairscale.train.step import component_modules
+
+    config = TrainConfig(
+        "test",
+        work_dir,
+        train_steps=spec.train_steps,
+        checkpoint_every=spec.checkpoint_every or spec.train_steps,
+        validate_every=spec.validate_every,
+        log_every=1,
+        is_distributed=spec.world_size > 1,
+        devices=[-1] * spec.world_size,
+        world_size=spec.world_size,
+    )
+    model = Lazy(Model, Params({"type": "tango_fairscale::causal_lm", "model": str(model_dir)}))
+    params = engine_config(f"tango_fairscale::{spec.engine}", **spec.engine_params)
+    engine = Lazy(TrainingEngine, Params(params))
+    task = TaskSpec(name="piqa", dataset=dataset)
+    pairs = training_pairs(load_tasks(task)["tasks"]["piqa"], "piqa")
+    return TrainPlan(
+        config,
+        model,
+        engine,
+        pairs,
+        [task] if spec.validate else [],
+        batch_size=8,
+        eval_batch_size=32,
+        pack_sequences=spec.pack_sequences,
+        component_modules=component_modules(model, engine),
+    )
+
+
+class RunStore:
+    """Trains the runs ``needed`` by the selected tests, per world size, on first request."""
+
+    def __init__(self, needed: set[str], root: Path, model_dir: Any, dataset: Any) -> None:
+        self.needed, self.root, self.model_dir, self.dataset = needed, root, model_dir, dataset
+        self.results: dict[str, Any] = {}
+
+    def get(self, name: str) -> Any:
+        """The run's :class:`~helpers.group.TrainedRun`; the test fails if the run failed."""
+        if name not in self.results:
+            self._train_world_size(SPECS[name].world_size, also=name)
+        result = self.results[name]
+        if isinstance(result, str):
+            pytest.fail(result, pytrace=False)
+        return result
+
+    def _train_world_size(self, world_size: int, also: str) -> None:
+        from helpers.group import train_many
+
+        names = [
+            name
+            for name in sorted(self.needed | {also})
+            if SPECS[name].world_size == world_size and name not in self.results
+        ]
+        plans = {
+            name: build_plan(
+                SPECS[name],
+                self.root / name,
+                self.model_dir(SPECS[name].model),
+                self.dataset,
+            )
+            for name in names
+        }
+        self.results.update(train_many(plans))
