@@ -1,8 +1,15 @@
-"""The FairScale engine reproduces DDP: per-step losses and final weights, 2 CPU processes, fp32."""
+"""The FairScale engine reproduces DDP: per-step losses and final weights, 2 CPU processes, fp32.
+
+The runs are parity runs (``tests/helpers/parity.py``): every configuration of a world size
+trains in one process group; per-block sharding is in the default tier, the other layouts slow.
+"""
+
+import shutil
 
 import pytest
 import torch
-from conftest import assert_same_training, train_in, train_tiny
+from conftest import assert_same_run, train_in, train_tiny
+from helpers.parity import DDP, RunSpec, define, run_param, trains
 from tango.common.exceptions import ConfigurationError
 
 from tango_fairscale.model.causal_lm import ModelWrapper
@@ -10,54 +17,73 @@ from tango_fairscale.parallel.fairscale import check_checkpointed_units
 from tango_fairscale.parallel.sharding import ShardingConfig, selected_units
 
 
+def fairscale_run(name: str, world_size: int = 2, **sharding) -> str:
+    params = {"sharding": sharding} if sharding else {}
+    return define(f"fairscale/{name}", RunSpec("fairscale", world_size, engine_params=params))
+
+
+PER_BLOCK = define("fairscale/per-block", RunSpec("fairscale", 2, engine_params={"sharding": {}}))
+
+
 @pytest.mark.parametrize(
-    "sharding",
+    "run",
     [
-        {},  # per-block units, flat parameters
-        {"flatten_parameters": False},
-        {"activation_checkpointing": True, "cpu_offload": True},
-        {"activation_checkpointing": [r"model\.transformer\.h\.0"]},  # some of the units
+        run_param(PER_BLOCK, PER_BLOCK, DDP, id="per-block"),  # per-block units, flat parameters
+        *(
+            run_param(name, name, DDP, id=name.split("/")[1], slow=True)
+            for name in (
+                fairscale_run("unflattened", flatten_parameters=False),
+                fairscale_run(
+                    "checkpointing+offload", activation_checkpointing=True, cpu_offload=True
+                ),
+                # some of the units
+                fairscale_run(
+                    "checkpointing-one-unit", activation_checkpointing=[r"model\.transformer\.h\.0"]
+                ),
+            )
+        ),
     ],
-    ids=["per-block", "unflattened", "checkpointing+offload", "checkpointing-one-unit"],
 )
-def test_fairscale_matches_ddp(
-    sharding, ddp_reference, tmp_path, tiny_model_dir, piqa_small
-) -> None:
-    trained = train_tiny(
-        tmp_path, tiny_model_dir, piqa_small, "tango_fairscale::fairscale", 2, sharding=sharding
-    )
-    assert_same_training(ddp_reference, trained.training_log, trained.state_dict())
+def test_fairscale_matches_ddp(run, trained_run, tiny_model_dir) -> None:
+    reference = trained_run(DDP)
+    assert_same_run(reference, trained_run(run))
     # The comparison can fail: the untrained model is far from the reference.
     untrained = ModelWrapper(str(tiny_model_dir))
     with pytest.raises(AssertionError):
         torch.testing.assert_close(
-            untrained.state_dict(), ddp_reference.state_dict(), atol=1e-5, rtol=0
+            untrained.state_dict(), reference.state_dict(), atol=1e-5, rtol=0
         )
 
 
-def test_compiled_checkpointed_units_match_ddp(
-    ddp_reference, tmp_path, tiny_model_dir, piqa_small
-) -> None:
+COMPILED = fairscale_run("compile+checkpointing", compile=True, activation_checkpointing=True)
+
+
+@pytest.mark.slow
+@trains(COMPILED, DDP)
+def test_compiled_checkpointed_units_match_ddp(trained_run) -> None:
     """``compile: true`` (torch.compile per block, inside checkpointing and FairScale's wrapper)
     changes speed, not results."""
-    sharding = {"compile": True, "activation_checkpointing": True}
-    trained = train_tiny(
-        tmp_path, tiny_model_dir, piqa_small, "tango_fairscale::fairscale", 2, sharding=sharding
-    )
-    assert_same_training(ddp_reference, trained.training_log, trained.state_dict())
+    assert_same_run(trained_run(DDP), trained_run(COMPILED))
 
 
-def test_one_process_matches_two(ddp_reference, tmp_path, tiny_model_dir, piqa_small) -> None:
+ONE_PROCESS = define("fairscale/one-process", RunSpec("fairscale", 1))
+
+
+@trains(ONE_PROCESS, DDP)
+def test_one_process_matches_two(trained_run) -> None:
     """The global batch does not depend on the world size, so neither does the trajectory."""
-    trained = train_tiny(tmp_path, tiny_model_dir, piqa_small, "tango_fairscale::fairscale", 1)
-    assert_same_training(ddp_reference, trained.training_log, trained.state_dict())
+    assert_same_run(trained_run(DDP), trained_run(ONE_PROCESS))
 
 
-def test_resuming_on_another_device_count_is_refused(tmp_path, tiny_model_dir, piqa_small) -> None:
-    """FairScale's per-rank shards cannot be resharded: a one-line error says what to do."""
-    train_in(tmp_path, tiny_model_dir, piqa_small, "tango_fairscale::fairscale", 2, 5)
+@trains(PER_BLOCK)
+def test_resuming_on_another_device_count_is_refused(
+    trained_run, tmp_path, tiny_model_dir, piqa_small
+) -> None:
+    """FairScale's per-rank shards cannot be resharded: a one-line error says what to do (the
+    checkpoints of the 2-process per-block run, resumed on 1)."""
+    shutil.copytree(trained_run(PER_BLOCK).work_dir / "checkpoints", tmp_path / "checkpoints")
     with pytest.raises(ConfigurationError) as error:
-        train_in(tmp_path, tiny_model_dir, piqa_small, "tango_fairscale::fairscale", 1, 10)
+        train_in(tmp_path, tiny_model_dir, piqa_small, "tango_fairscale::fairscale", 1, 20)
     message = str(error.value)
     assert "cannot reshard" in message and "device_count=2" in message and "\n" not in message
 

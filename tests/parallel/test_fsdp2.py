@@ -1,29 +1,50 @@
-"""The FSDP2 engine reproduces DDP, and its checkpoints resume on another number of processes."""
+"""The FSDP2 engine reproduces DDP, and its checkpoints resume on another number of processes.
+
+The parity runs (``tests/helpers/parity.py``) of a world size train in one process group;
+per-block sharding is in the default tier, the other layouts and the resumes slow."""
 
 import json
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_same_training, train_in, train_tiny
+from conftest import assert_same_run, assert_same_training, train_in
+from helpers.parity import DDP, DDP_20, RunSpec, define, run_param, trains
+
+
+def fsdp2_run(name: str, world_size: int = 2, **params) -> str:
+    return define(f"fsdp2/{name}", RunSpec("fsdp2", world_size, engine_params=params))
 
 
 @pytest.mark.parametrize(
-    "sharding",
+    "run",
     [
-        {},
-        {"activation_checkpointing": True, "cpu_offload": True},
-        # Checkpointed modules need not be units (the fairscale engine refuses these two).
-        {"activation_checkpointing": [r"model\.transformer\.h\.[0-9]+\.attn"]},
-        {"modules_to_wrap": [], "activation_checkpointing": [r"model\.transformer\.h\.[0-9]+"]},
+        run_param(name, name, DDP, id=name.split("/")[1], slow=index > 0)
+        for index, name in enumerate(
+            [
+                fsdp2_run("per-block", sharding={}),
+                fsdp2_run(
+                    "checkpointing+offload",
+                    sharding={"activation_checkpointing": True, "cpu_offload": True},
+                ),
+                # Checkpointed modules need not be units (the fairscale engine refuses these two).
+                fsdp2_run(
+                    "checkpointing-inside-units",
+                    sharding={"activation_checkpointing": [r"model\.transformer\.h\.[0-9]+\.attn"]},
+                ),
+                fsdp2_run(
+                    "one-unit",
+                    sharding={
+                        "modules_to_wrap": [],
+                        "activation_checkpointing": [r"model\.transformer\.h\.[0-9]+"],
+                    },
+                ),
+            ]
+        )
     ],
-    ids=["per-block", "checkpointing+offload", "checkpointing-inside-units", "one-unit"],
 )
-def test_fsdp2_matches_ddp(sharding, ddp_reference, tmp_path, tiny_model_dir, piqa_small) -> None:
-    trained = train_tiny(
-        tmp_path, tiny_model_dir, piqa_small, "tango_fairscale::fsdp2", 2, sharding=sharding
-    )
-    assert_same_training(ddp_reference, trained.training_log, trained.state_dict())
+def test_fsdp2_matches_ddp(run, trained_run) -> None:
+    assert_same_run(trained_run(DDP), trained_run(run))
 
 
 def read_run(work_dir: Path) -> tuple[list[dict], dict[str, torch.Tensor]]:
@@ -33,9 +54,11 @@ def read_run(work_dir: Path) -> tuple[list[dict], dict[str, torch.Tensor]]:
     return read_training_log(work_dir / "training_log.jsonl"), state
 
 
+@pytest.mark.slow
+@trains(DDP_20)
 @pytest.mark.parametrize("first, second", [(2, 1), (1, 2)], ids=["2-then-1", "1-then-2"])
 def test_resume_on_another_device_count(
-    first, second, ddp_reference, tmp_path, tiny_model_dir, piqa_small
+    first, second, trained_run, tmp_path, tiny_model_dir, piqa_small
 ) -> None:
     """Save at step 10 on ``first`` processes, resume to step 20 on ``second``: the losses
     continue where they stopped and the run ends where an uninterrupted one does."""
@@ -45,20 +68,17 @@ def test_resume_on_another_device_count(
     log, state = read_run(tmp_path)
     raw = [json.loads(line) for line in (tmp_path / "training_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in raw if "train_loss" in r] == list(range(1, 21))  # no replay
-    assert_same_training(ddp_reference, log, state)
+    assert_same_training(trained_run(DDP_20), log, state)
 
 
-def test_compiled_units_match_ddp(ddp_reference, tmp_path, tiny_model_dir, piqa_small) -> None:
+COMPILED = fsdp2_run("compile-one-process", world_size=1, sharding={"compile": True})
+
+
+@pytest.mark.slow
+@trains(COMPILED, DDP)
+def test_compiled_units_match_ddp(trained_run) -> None:
     """``compile: true`` (torch.compile per block, before sharding) changes speed, not results."""
-    trained = train_tiny(
-        tmp_path,
-        tiny_model_dir,
-        piqa_small,
-        "tango_fairscale::fsdp2",
-        1,
-        sharding={"compile": True},
-    )
-    assert_same_training(ddp_reference, trained.training_log, trained.state_dict())
+    assert_same_run(trained_run(DDP), trained_run(COMPILED))
 
 
 class Payload:
@@ -73,15 +93,26 @@ class Payload:
         return (os.system, (f"touch {self.marker}",))
 
 
-def test_malicious_checkpoint_metadata_is_refused(tmp_path, tiny_model_dir, piqa_small) -> None:
+#: ``train_in``'s first 5 steps on one process, whose checkpoint the test plants a payload in.
+FIVE_STEPS = define(
+    "fsdp2/five-steps-one-process",
+    RunSpec("fsdp2", 1, train_steps=5, checkpoint_every=5, validate=False),
+)
+
+
+@trains(FIVE_STEPS)
+def test_malicious_checkpoint_metadata_is_refused(
+    trained_run, tmp_path, tiny_model_dir, piqa_small
+) -> None:
     """torch.distributed.checkpoint reads its metadata with plain pickle: the engine checks it
     with an allow-list first, so a planted payload never runs."""
     import pickle
+    import shutil
 
     from tango.common.exceptions import ConfigurationError
 
     work = tmp_path / "run"
-    train_in(work, tiny_model_dir, piqa_small, "tango_fairscale::fsdp2", 1, 5)
+    shutil.copytree(trained_run(FIVE_STEPS).work_dir / "checkpoints", work / "checkpoints")
     metadata = work / "checkpoints" / "step0000005" / ".metadata"
     marker = tmp_path / "payload-ran"
     metadata.write_bytes(pickle.dumps(Payload(marker)))
