@@ -1,4 +1,8 @@
-"""The training loop: crash safety and resumption, on 2 CPU processes."""
+"""The training loop: crash safety and resumption, on 2 CPU processes.
+
+The faults (SIGKILL, SIGTERM, a dead or hung rank) need runs of their own, in subprocesses (slow
+tier); their uninterrupted reference and the speed-option and bf16 parity runs train with the
+other parity runs of their world size (``tests/helpers/parity.py``)."""
 
 import json
 import os
@@ -10,7 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import child_processes
+from conftest import assert_same_run, child_processes
+from helpers.parity import DDP, RunSpec, define, run_param, trains
+from helpers.parity import STEPS as PARITY_STEPS
 
 from tango_fairscale.model.causal_lm import ModelWrapper
 from tango_fairscale.train.format import ModelFormat
@@ -46,16 +52,19 @@ def latest_checkpoint(workspace: Path) -> str | None:
     return None
 
 
-STEPS = 40
+STEPS = 20  # the faults strike after the first checkpoint (step 5)
+
+#: The reference of the fault tests: the same 2-process FairScale run (``train_tiny``'s
+#: validation and checkpoints), never interrupted, trained with the other parity runs.
+UNINTERRUPTED = define(
+    "fairscale/uninterrupted",
+    RunSpec("fairscale", 2, train_steps=STEPS, validate_every=10, checkpoint_every=5),
+)
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory, tiny_model_dir, piqa_dir) -> ModelWrapper:
-    """The reference: the same 2-process FairScale run, never interrupted."""
-    workspace = tmp_path_factory.mktemp("uninterrupted")
-    command = train_command(workspace, tiny_model_dir, piqa_dir, STEPS)
-    subprocess.run(command, check=True, capture_output=True, timeout=300)
-    return ModelFormat().read(next(workspace.glob("cache/TrainStep-*")))
+@pytest.fixture
+def uninterrupted(trained_run):
+    return trained_run(UNINTERRUPTED)
 
 
 def start_and_wait_for_a_checkpoint(command: list[str], workspace: Path) -> subprocess.Popen:
@@ -74,7 +83,7 @@ def workers_of(pid: int) -> list[int]:
     return child_processes(pid, b"spawn_main")
 
 
-def assert_resumes_to_the_reference(command, workspace: Path, reference: ModelWrapper) -> None:
+def assert_resumes_to_the_reference(command, workspace: Path, reference) -> None:
     stopped_at = latest_checkpoint(workspace)
     assert stopped_at is not None and stopped_at < f"step{STEPS:07d}", stopped_at
     assert not list(workspace.glob("cache/*/work/final_weights.pt"))
@@ -90,6 +99,8 @@ def assert_resumes_to_the_reference(command, workspace: Path, reference: ModelWr
     assert len(first_steps) == 1
 
 
+@pytest.mark.slow
+@trains(UNINTERRUPTED)
 def test_sigkill_then_rerun_resumes_and_matches(
     tmp_path, tiny_model_dir, piqa_dir, uninterrupted
 ) -> None:
@@ -100,6 +111,8 @@ def test_sigkill_then_rerun_resumes_and_matches(
     assert_resumes_to_the_reference(command, tmp_path, uninterrupted)
 
 
+@pytest.mark.slow
+@trains(UNINTERRUPTED)
 def test_sigterm_checkpoints_and_exits_resumably(
     tmp_path, tiny_model_dir, piqa_dir, uninterrupted
 ) -> None:
@@ -114,6 +127,8 @@ def test_sigterm_checkpoints_and_exits_resumably(
     assert_resumes_to_the_reference(command, tmp_path, uninterrupted)
 
 
+@pytest.mark.slow
+@trains(UNINTERRUPTED)
 def test_a_dead_rank_stops_the_others_with_its_name(
     tmp_path, tiny_model_dir, piqa_dir, uninterrupted
 ) -> None:
@@ -131,6 +146,7 @@ def test_a_dead_rank_stops_the_others_with_its_name(
     assert_resumes_to_the_reference(command, tmp_path, uninterrupted)
 
 
+@pytest.mark.slow
 def test_a_hung_rank_makes_the_others_fail_within_the_timeout(
     tmp_path, tiny_model_dir, piqa_dir
 ) -> None:
@@ -217,16 +233,26 @@ class Payload:
         return (os.system, (f"touch {self.marker}",))
 
 
+#: ``train_in``'s first 5 steps (one process), whose checkpoint the damage tests damage.
+FIVE_STEPS = define(
+    "ddp/five-steps-one-process",
+    RunSpec("ddp", 1, train_steps=5, checkpoint_every=5, validate=False),
+)
+
+
+@trains(FIVE_STEPS)
 @pytest.mark.parametrize("damage", ["truncated", "malicious", "wrong-shape"])
 def test_a_damaged_checkpoint_is_refused_in_one_line(
-    damage, tmp_path, tiny_model_dir, piqa_small
+    damage, trained_run, tmp_path, tiny_model_dir, piqa_small
 ) -> None:
+    import shutil
+
     from conftest import train_in
     from tango.common.exceptions import ConfigurationError
 
     from tango_fairscale.model.causal_lm import ModelWrapper
 
-    train_in(tmp_path, tiny_model_dir, piqa_small, "tango_fairscale::ddp", 1, 5)
+    shutil.copytree(trained_run(FIVE_STEPS).work_dir / "checkpoints", tmp_path / "checkpoints")
     state_file = tmp_path / "checkpoints" / "step0000005" / "rank0.pt"
     marker = tmp_path / "payload-ran"
     if damage == "truncated":
@@ -249,6 +275,7 @@ def test_a_damaged_checkpoint_is_refused_in_one_line(
     assert not marker.exists()  # the payload never ran
 
 
+@pytest.mark.slow
 def test_a_full_disk_keeps_the_previous_checkpoint(
     tmp_path, tiny_model_dir, piqa_small, monkeypatch
 ) -> None:
@@ -282,40 +309,38 @@ def test_a_full_disk_keeps_the_previous_checkpoint(
 
 
 FUSED_ADAMW = {"optimizer": {"type": "torch::AdamW", "lr": 1e-3, "fused": True}}
-PACKED = {"pack_sequences": True}
+
+
+def speed_run(engine: str, option: str) -> str:
+    """``packed``: packed micro-batches and validation; ``fused``: fused AdamW, checkpointed
+    half-way (its state saved mid-run and the run going on)."""
+    if option == "packed":
+        spec = RunSpec(engine, 2, pack_sequences=True)
+    else:
+        spec = RunSpec(engine, 2, checkpoint_every=PARITY_STEPS // 2, engine_params=FUSED_ADAMW)
+    return define(f"{engine}/{option}", spec)
 
 
 @pytest.mark.parametrize(
-    "engine, step_options, engine_params",
+    "run",
     [
-        ("ddp", PACKED, {}),
-        ("fairscale", PACKED, {}),
-        ("fsdp2", PACKED, {}),
-        ("fairscale", {}, FUSED_ADAMW),
-        ("fsdp2", {}, FUSED_ADAMW),
+        run_param(name, name, DDP, id=name.replace("/", "-"), slow=name != "ddp/packed")
+        for name in [
+            speed_run("ddp", "packed"),
+            speed_run("fairscale", "packed"),
+            speed_run("fsdp2", "packed"),
+            speed_run("fairscale", "fused"),
+            speed_run("fsdp2", "fused"),
+        ]
     ],
-    ids=["ddp-packed", "fairscale-packed", "fsdp2-packed", "fairscale-fused", "fsdp2-fused"],
 )
-def test_speed_options_reproduce_ddp(
-    engine, step_options, engine_params, ddp_reference, tmp_path, tiny_model_dir, piqa_small
-) -> None:
+def test_speed_options_reproduce_ddp(run, trained_run) -> None:
     """Options for speed, not results, on 2 processes reproduce padded DDP with torch's default
     AdamW (losses, weights, accuracies): ``pack_sequences`` (packed micro-batches and packed
     validation) through every engine that takes them, and fused AdamW (docs/ENGINES.md
     recommends it on GPUs) stepping FairScale's flat parameters and FSDP2's sharded ones in one
-    kernel, through the checkpoints written every 5 steps."""
-    from conftest import assert_same_training, train_tiny
-
-    trained = train_tiny(
-        tmp_path,
-        tiny_model_dir,
-        piqa_small,
-        f"tango_fairscale::{engine}",
-        device_count=2,
-        step_options=step_options,
-        **engine_params,
-    )
-    assert_same_training(ddp_reference, trained.training_log, trained.state_dict())
+    kernel, through a checkpoint written half-way."""
+    assert_same_run(trained_run(DDP), trained_run(run))
 
 
 def test_packing_with_the_pipe_engine_is_refused(tmp_path, tiny_model_dir, piqa_small) -> None:
@@ -335,41 +360,34 @@ def test_packing_with_the_pipe_engine_is_refused(tmp_path, tiny_model_dir, piqa_
         )
 
 
-@pytest.fixture(scope="module")
-def ddp_bf16_reference(tmp_path_factory, tiny_model_dir, piqa_small):
-    """10 steps of DDP under bf16 autocast on 2 processes."""
-    from conftest import train_tiny
-
-    return train_tiny(
-        tmp_path_factory.mktemp("ddp-bf16"),
-        tiny_model_dir,
-        piqa_small,
-        device_count=2,
-        train_steps=10,
-        precision="bf16-mixed",
-    )
+BF16 = {"precision": "bf16-mixed"}
+DDP_BF16 = define("ddp/bf16-mixed", RunSpec("ddp", 2, engine_params=BF16))
 
 
-@pytest.mark.parametrize("engine", ["fairscale", "fsdp2"])
-def test_bf16_mixed_sharded_training_follows_ddp_autocast(
-    engine, ddp_bf16_reference, tmp_path, tiny_model_dir, piqa_small
-) -> None:
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "run",
+    [
+        run_param(name, name, DDP_BF16, id=engine)
+        for engine in ("fairscale", "fsdp2")
+        for name in [
+            define(
+                f"{engine}/bf16-mixed",
+                RunSpec(
+                    engine,
+                    2,
+                    engine_params={**BF16, "sharding": {"activation_checkpointing": True}},
+                ),
+            )
+        ]
+    ],
+)
+def test_bf16_mixed_sharded_training_follows_ddp_autocast(run, trained_run, tiny_model_dir) -> None:
     """``bf16-mixed`` under sharding (bf16 compute, fp32 master weights and gradient reduction;
     checkpointed units) on 2 processes tracks DDP under bf16 autocast to bf16's rounding (measured:
     losses within 3e-5 relative, the models 0.8 % of the distance trained apart), and the
     consolidated weights are the fp32 masters."""
-    from conftest import train_tiny
-
-    trained = train_tiny(
-        tmp_path,
-        tiny_model_dir,
-        piqa_small,
-        f"tango_fairscale::{engine}",
-        device_count=2,
-        train_steps=10,
-        precision="bf16-mixed",
-        sharding={"activation_checkpointing": True},
-    )
+    trained, ddp_bf16_reference = trained_run(run), trained_run(DDP_BF16)
     losses = [r["train_loss"] for r in trained.training_log if "train_loss" in r]
     reference = [r["train_loss"] for r in ddp_bf16_reference.training_log if "train_loss" in r]
     assert len(losses) == len(reference) == 10
