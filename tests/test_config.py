@@ -9,9 +9,11 @@ the CPU.
 
 * evaluation only (``train_steps=0``) of a tiny seeded GPT-2 on all 1,838 PIQA validation
   examples equals lm-evaluation-harness's own ``piqa`` task with its HF backend, per example;
-* 20 steps of 2-process DDP training on CPU (gloo) lower the loss and validate at steps 10 and
-  20; the identical command again reuses every cached step;
+* 10 steps of 2-process DDP training on CPU (gloo) lower the loss and validate at steps 5 and
+  10; the identical command again reuses every cached step;
 * unknown engine, planned-but-missing engine and unknown model path fail with one clear line.
+
+The evaluation and the training runs are in the slow tier; the one-line errors in the default one.
 """
 
 from __future__ import annotations
@@ -35,13 +37,14 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIG = "configs/gpt2_piqa.jsonnet"
 NUM_VALIDATION = 1838
 STEPS = ("piqa", "trained_model", "predictions", "metrics")
+TRAIN_STEPS, VALIDATE_EVERY = 10, 5
 TRAIN_DEFINES = (
-    "train_steps=20",
+    f"train_steps={TRAIN_STEPS}",
     "device_count=2",
     "engine=ddp",
     "limit=64",
     "batch_size=8",
-    "validate_every=10",
+    f"validate_every={VALIDATE_EVERY}",
     "lr=1e-3",
 )
 RUN_TIMEOUT_S = 600
@@ -229,6 +232,7 @@ def lm_eval_piqa(model_dir: Path, piqa_dir: Path, tmp_path: Path) -> dict[str, A
     )
 
 
+@pytest.mark.slow
 def test_evaluation_equals_lm_eval_piqa(
     runs: dict[str, TangoRun], wide_model_dir: Path, piqa_dir: Path, tmp_path: Path
 ) -> None:
@@ -271,6 +275,7 @@ def test_evaluation_equals_lm_eval_piqa(
 # b. Training on CPU with 2 processes, then the cached rerun -------------------------------------
 
 
+@pytest.mark.slow
 def test_ddp_training_lowers_loss_and_validates(runs: dict[str, TangoRun]) -> None:
     output = runs["train"].succeeded()
     for step in STEPS:
@@ -280,7 +285,7 @@ def test_ddp_training_lowers_loss_and_validates(runs: dict[str, TangoRun]) -> No
     losses = [record["train_loss"] for record in log if "train_loss" in record]
     assert len(losses) >= 2 and losses[-1] < losses[0], log
     validation = {r["step"]: r for r in log if "val_acc" in r}
-    assert sorted(validation) == [10, 20], log
+    assert sorted(validation) == [VALIDATE_EVERY, TRAIN_STEPS], log
     for record in validation.values():
         assert 0.0 <= record["val_acc"] <= 1.0 and 0.0 <= record["val_acc_norm"] <= 1.0
         assert record["val_num_examples"] == 64
@@ -296,6 +301,7 @@ def test_ddp_training_lowers_loss_and_validates(runs: dict[str, TangoRun]) -> No
     assert metrics["num_examples"] == 64
 
 
+@pytest.mark.slow
 def test_identical_rerun_reuses_every_cached_step(runs: dict[str, TangoRun]) -> None:
     first = runs["train"]
     first.succeeded()

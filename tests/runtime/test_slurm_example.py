@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tango_fairscale.runtime.process_group import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -34,6 +36,7 @@ printf '127.0.0.1\\n127.0.0.1\\n'
 """
 
 
+@pytest.mark.slow
 def test_slurm_example_trains_on_two_nodes(tmp_path: Path, tiny_model_dir: Path, piqa_dir: Path):
     from tango_fairscale.results import collect_runs, open_workspace
 
