@@ -63,6 +63,8 @@ def test_split_tied_embeddings_are_refused(model) -> None:
         ({"activation_checkpointing": ["[bad"]}, "not a valid regex"),
         ({"activation_checkpointing": "yes"}, "true, false or a list"),
         ({"modules_to_wrap": [3]}, "must be strings"),
+        # It checkpointed nothing (the units are the checkpointed modules, and there were none).
+        ({"modules_to_wrap": [], "activation_checkpointing": True}, "modules_to_wrap, which is"),
     ],
 )
 def test_bad_sharding_config_is_refused_up_front(fields, message) -> None:

@@ -1,0 +1,188 @@
+"""Cache keys: the same command is the same steps in every process, and a model or task data
+directory changed in place is computed again.
+
+* the unique ids of a scoring step (a constructed model) and a train step (a ``Lazy`` model) do
+  not depend on Python's hash seed (a pickled model held ``GenerationConfig``'s salted hash);
+* overwriting a model directory or a task's data directory in place changes the ids of the steps
+  that read it, and only theirs;
+* (slow) through ``tango run``: ``configs/gpt2_piqa.jsonnet`` (``train_steps=0`` and ``2``) and
+  ``configs/mc_suite.jsonnet`` (local task directories) rerun under another hash seed start no
+  step; after a directory is overwritten in place, exactly the steps that read it run again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+FIXTURE_TASKS = REPO_ROOT / "tests" / "fixtures" / "tasks"
+
+STEP_IDS = """
+import json, sys
+from tango.common import Lazy, Params
+from tango.integrations.torch import Model, TrainingEngine
+from tango_fairscale.evaluation.steps import TaskScoresStep
+from tango_fairscale.model.causal_lm import ModelWrapper
+from tango_fairscale.tasks.lm_eval import TaskSpec
+from tango_fairscale.train.step import TrainStep
+import tango_fairscale.parallel.ddp
+model_dir, task_dir = sys.argv[1:]
+task = TaskSpec(name="piqa", data_dir=task_dir)
+scores = TaskScoresStep(model=ModelWrapper(model_dir), task=task)
+engine = {"type": "tango_fairscale::ddp", "optimizer": {"type": "torch::AdamW"}}
+train = TrainStep(
+    model=Lazy(Model, Params({"type": "tango_fairscale::causal_lm", "model": model_dir})),
+    engine=Lazy(TrainingEngine, Params(engine)), task=task, train_steps=2,
+)
+print(json.dumps([scores.unique_id, train.unique_id]))
+"""
+
+
+def step_ids(model_dir: Path, task_dir: Path, hash_seed: str) -> list[str]:
+    """The unique ids of a scoring and a train step over ``model_dir``, computed in a fresh
+    process with ``PYTHONHASHSEED=hash_seed``."""
+    done = subprocess.run(
+        [sys.executable, "-c", STEP_IDS, str(model_dir), str(task_dir)],
+        env={**os.environ, "PYTHONHASHSEED": hash_seed},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO_ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_step_ids_do_not_depend_on_the_hash_seed(tiny_model_dir: Path) -> None:
+    task_dir = FIXTURE_TASKS / "piqa"
+    assert step_ids(tiny_model_dir, task_dir, "1") == step_ids(tiny_model_dir, task_dir, "2")
+
+
+def in_process_ids(model_dir: Path, task_dir: Path) -> dict[str, str]:
+    from tango.common import Lazy, Params
+    from tango.integrations.torch import Model, TrainingEngine
+
+    from tango_fairscale.evaluation.steps import TaskScoresStep
+    from tango_fairscale.model.causal_lm import ModelWrapper
+    from tango_fairscale.tasks.lm_eval import TaskSpec
+    from tango_fairscale.train.step import TrainStep
+
+    task = TaskSpec(name="piqa", data_dir=str(task_dir))
+    model = Lazy(Model, Params({"type": "tango_fairscale::causal_lm", "model": str(model_dir)}))
+    engine = {"type": "tango_fairscale::ddp", "optimizer": {"type": "torch::AdamW"}}
+    train = TrainStep(
+        model=model, engine=Lazy(TrainingEngine, Params(engine)), task=task, train_steps=2
+    )
+    scores = TaskScoresStep(model=ModelWrapper(str(model_dir)), task=task)
+    return {"train": train.unique_id, "scores": scores.unique_id}
+
+
+def test_a_model_directory_changed_in_place_changes_the_step_ids(
+    tmp_path: Path, tokenizer_dir: Path
+) -> None:
+    from conftest import save_tiny_gpt2
+
+    model_dir = save_tiny_gpt2(tmp_path / "model", tokenizer_dir, seed=1)
+    task_dir = shutil.copytree(FIXTURE_TASKS / "piqa", tmp_path / "piqa")
+    before = in_process_ids(model_dir, task_dir)
+    assert in_process_ids(model_dir, task_dir) == before
+    save_tiny_gpt2(model_dir, tokenizer_dir, seed=2)  # other weights, same shapes, same path
+    after = in_process_ids(model_dir, task_dir)
+    assert after["train"] != before["train"] and after["scores"] != before["scores"]
+
+
+def test_a_task_data_directory_changed_in_place_changes_the_step_ids(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    task_dir = shutil.copytree(FIXTURE_TASKS / "piqa", tmp_path / "piqa")
+    before = in_process_ids(tiny_model_dir, task_dir)
+    validation = task_dir / "validation.jsonl"
+    lines = validation.read_text().splitlines()
+    validation.write_text("\n".join(lines[1:]) + "\n")  # one document fewer, same mtime or not
+    after = in_process_ids(tiny_model_dir, task_dir)
+    assert after["train"] != before["train"] and after["scores"] != before["scores"]
+
+
+# Through tango run (slow) ------------------------------------------------------------------------
+
+
+def tango_run(config: str, workspace: Path, defines: dict[str, str], hash_seed: str) -> str:
+    """``tango run config -w workspace -D ...`` from the repository root; its output."""
+    command = [sys.executable, "-m", "tango", "run", config, "-w", str(workspace)]
+    for name, value in defines.items():
+        command += ["-D", f"{name}={value}"]
+    env = {**os.environ, "PYTHONHASHSEED": hash_seed, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    return output
+
+
+def started(output: str) -> set[str]:
+    """The steps a ``tango run`` output says it started."""
+    return {line.split('"')[1] for line in output.splitlines() if 'Starting step "' in line}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("train_steps", ["0", "2"])
+def test_gpt2_piqa_reruns_start_no_step_until_the_model_changes(
+    tmp_path: Path, tokenizer_dir: Path, piqa_dir: Path, train_steps: str
+) -> None:
+    from conftest import save_tiny_gpt2
+
+    model_dir = save_tiny_gpt2(tmp_path / "model", tokenizer_dir, seed=1, n_positions=256)
+    defines = {
+        "model": str(model_dir),
+        "data_dir": str(piqa_dir),
+        "train_steps": train_steps,
+        "limit": "8",
+        "engine": "ddp",
+        "batch_size": "4",
+        "validate_every": "2",
+    }
+    config, workspace = "configs/gpt2_piqa.jsonnet", tmp_path / "workspace"
+    steps = {"piqa", "predictions", "metrics"} | (
+        {"trained_model"} if train_steps != "0" else set()
+    )
+    assert started(tango_run(config, workspace, defines, "1")) == steps
+    assert started(tango_run(config, workspace, defines, "2")) == set()
+    save_tiny_gpt2(model_dir, tokenizer_dir, seed=2, n_positions=256)  # overwritten in place
+    assert started(tango_run(config, workspace, defines, "3")) == steps - {"piqa"}
+
+
+@pytest.mark.slow
+def test_mc_suite_reruns_start_no_step_until_a_task_directory_changes(
+    tmp_path: Path, tokenizer_dir: Path
+) -> None:
+    from conftest import save_tiny_gpt2
+
+    model_dir = save_tiny_gpt2(tmp_path / "model", tokenizer_dir, n_positions=256)
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    for task in ("copa", "arc_easy"):
+        (tasks / task).symlink_to(FIXTURE_TASKS / task, target_is_directory=True)
+    defines = {
+        "model": str(model_dir),
+        "tasks": "copa,arc_easy",
+        "task_data_dir": str(tasks),
+        "train_steps": "0",
+        "limit": "8",
+    }
+    config, workspace = "configs/mc_suite.jsonnet", tmp_path / "workspace"
+    steps = {"scores_copa", "scores_arc_easy", "metrics"}
+    assert started(tango_run(config, workspace, defines, "1")) == steps
+    assert started(tango_run(config, workspace, defines, "2")) == set()
+    (tasks / "copa").unlink()  # the same path, other documents
+    copa = shutil.copytree(FIXTURE_TASKS / "copa", tasks / "copa")
+    lines = (copa / "validation.jsonl").read_text().splitlines()
+    (copa / "validation.jsonl").write_text("\n".join(reversed(lines)) + "\n")
+    assert started(tango_run(config, workspace, defines, "3")) == {"scores_copa", "metrics"}
