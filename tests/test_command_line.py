@@ -88,7 +88,9 @@ def last_line(done: subprocess.CompletedProcess) -> str:
 
 
 @pytest.mark.parametrize(
-    "program", [["-m", "tango"], ["-m", "tango_fairscale"]], ids=["tango", "launcher"]
+    "program",
+    [["-m", "tango"], pytest.param(["-m", "tango_fairscale"], marks=pytest.mark.slow)],
+    ids=["tango", "launcher"],
 )
 def test_a_misspelled_variable_is_refused_before_any_work(
     tmp_path: Path, tiny_model_dir: Path, piqa_dir: Path, program: list[str]

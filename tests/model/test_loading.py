@@ -47,6 +47,7 @@ def test_a_bf16_checkpoint_is_loaded_with_fp32_master_weights(
     )
 
 
+@pytest.mark.slow
 def test_a_bf16_checkpoint_trains_like_its_fp32_copy(tmp_path, tokenizer_dir, piqa_small) -> None:
     """4 steps at 32-true: the same fp32 weights, bit for bit, whether the checkpoint stored the
     (bf16-representable) weights in bf16 or in fp32."""
@@ -106,7 +107,11 @@ def load_in_subprocess(source: str, hf_home: Path, **env: str) -> subprocess.Com
     )
 
 
-@pytest.mark.parametrize("offline", [False, True], ids=["unreachable", "HF_HUB_OFFLINE"])
+@pytest.mark.parametrize(
+    "offline",
+    [False, pytest.param(True, marks=pytest.mark.slow)],
+    ids=["unreachable", "HF_HUB_OFFLINE"],
+)
 def test_an_unreachable_hub_id_is_one_line(tmp_path, offline) -> None:
     """``model=gpt2`` without network: huggingface_hub 1.16 retried on a client it had closed
     (``RuntimeError: Cannot send a request, as the client has been closed``)."""
