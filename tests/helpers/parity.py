@@ -141,7 +141,7 @@ class RunStore:
         plans = {
             name: build_plan(
                 SPECS[name],
-                self.root / name,
+                self.root / name.replace("/", "--"),
                 self.model_dir(SPECS[name].model),
                 self.dataset,
             )
