@@ -116,6 +116,9 @@ def lm_eval_speed_figure(data: dict[str, Any]) -> str:
         f"{ratio['command']:.1f}x faster"
         for suite, ratio in (data.get("ratios") or {}).items()
     ]
+    suites = {run["suite"] for run in data.get("runs", [])} | {"synthetic"}
+    missing = sorted(suites - set(data.get("ratios") or {}))
+    parts += [f"{suite}: not measured" for suite in missing]
     return "; ".join(parts) or "no comparison measured"
 
 
@@ -123,7 +126,9 @@ def torch_train_speed_figure(data: dict[str, Any]) -> str:
     rates = {r["step"]: r.get("tokens_per_s") for r in data.get("runs", [])}
     ratio = data.get("ratio_ours_to_torch_train")
     shown = ", ".join(f"`{step}` {rate:,.0f} tokens/s" for step, rate in rates.items() if rate)
-    return f"{shown} ({ratio:.2f}x)" if ratio else shown or "no run measured"
+    if ratio:
+        return f"{shown} ({ratio:.2f}x)"
+    return f"{shown}; no same-run comparison" if shown else "no run measured"
 
 
 FIGURES = {

@@ -80,6 +80,7 @@ EARLIER: dict[str, dict[str, str | None]] = {
     "multinode_h200x2": {"suite": "multinode"},
     "e2e_tango_run_h200": {"suite": "e2e"},
     "e2e_tango_run_h200x2": {"suite": "e2e"},
+    "e2e_tango_run_h200_86e42b0": {"suite": "e2e"},
     "mfu_h200": {
         "suite": None,
         "target": "figure (README): MFU before and after the fused GELU and aligned projection "
@@ -106,6 +107,10 @@ EARLIER: dict[str, dict[str, str | None]] = {
     "train_speed_piqa_packing_124m_b16_h200": {
         "suite": None,
         "target": "evidence (ARCHITECTURE): packed against padded PIQA batches, 124M batch 16",
+    },
+    "train_speed_piqa_profiled_1.5b_b16_h200": {
+        "suite": None,
+        "target": "evidence (ENGINES): where a 1.5B PIQA step's time goes, fused and packed",
     },
     "train_speed_piqa_packing_1.5b_b64_h200": {
         "suite": None,
