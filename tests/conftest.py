@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.families import FAMILY_CONFIGS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,17 +48,7 @@ def tokenizer_dir() -> Path:
     return shared_data_dir() / "gpt2-tokenizer"
 
 
-TINY_GPT2 = {
-    "model_type": "gpt2",
-    "n_layer": 2,
-    "n_embd": 32,
-    "n_head": 2,
-    "n_positions": 128,
-    # Dropout off: runs on different engines or world sizes must see identical arithmetic.
-    "resid_pdrop": 0.0,
-    "embd_pdrop": 0.0,
-    "attn_pdrop": 0.0,
-}
+TINY_GPT2 = FAMILY_CONFIGS["gpt2"]  # dropout off: engines and world sizes must agree exactly
 
 
 def save_tiny_gpt2(
@@ -206,7 +197,7 @@ def trained_run(request, tmp_path_factory, tiny_model_dir: Path, tokenizer_dir: 
     """``trained_run(name)``: the :class:`~helpers.group.TrainedRun` of the parity run ``name``
     (``tests/helpers/parity.py``). The first request of a world size trains every run of that
     world size that the selected tests name (``@pytest.mark.trains``) in one process group."""
-    from families import save_tiny_model
+    from helpers.families import save_tiny_model
     from helpers.parity import RunStore
 
     needed = {

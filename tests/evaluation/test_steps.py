@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers.families import package_scores, reference_scores, save_family
 from tango.common.exceptions import ConfigurationError
-from verified_families import package_scores, reference_scores, save_family
 
 from tango_fairscale.evaluation.steps import TaskScoresStep
 from tango_fairscale.model.causal_lm import ModelWrapper

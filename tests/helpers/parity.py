@@ -31,7 +31,7 @@ class RunSpec:
 
     engine: str  # ddp | fairscale | fsdp2 | pipe
     world_size: int
-    #: ``"tiny"`` (``tiny_model_dir``) or a family of ``tests/families.py``.
+    #: ``"tiny"`` (``tiny_model_dir``) or a family of ``helpers/families.py``.
     model: str = "tiny"
     train_steps: int = STEPS
     #: ``None``: validate after the last step only.

@@ -8,7 +8,7 @@
 * (slow) 3 steps of 2-process ``fairscale`` and ``fsdp2`` end with DDP's weights, every family of
   an engine trained in one spawned process group (``helpers.group.train_many``).
 
-``VERIFIED_FAMILIES`` (tests/verified_families.py) is the README's list of verified families.
+``VERIFIED_FAMILIES`` (tests/helpers/families.py) is the README's list of verified families.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import torch
-from verified_families import (
+from helpers.families import (
     REFUSED_FAMILIES,
     VERIFIED_FAMILIES,
     package_scores,

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.families import VERIFIED_FAMILIES, package_scores, reference_scores, save_family
 from tango.common.exceptions import ConfigurationError
-from verified_families import VERIFIED_FAMILIES, package_scores, reference_scores, save_family
 
 from tango_fairscale.model.causal_lm import ModelWrapper
 from tango_fairscale.model.loss import LogitTransform, scored_row_nll

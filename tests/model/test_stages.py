@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 import torch
-from families import FAMILY_CONFIGS, VOCAB, tiny_model
+from helpers.families import FAMILY_CONFIGS, VOCAB, tiny_model
 from tango.common.exceptions import ConfigurationError
 from torch import nn
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import assert_same_run, assert_same_training, train_in, train_tiny, training_queries
-from families import FAMILY_CONFIGS, VOCAB, save_tiny_model
+from helpers.families import FAMILY_CONFIGS, VOCAB, save_tiny_model
 from helpers.parity import DDP, DDP_20, RunSpec, define, run_param, trains
 from tango.common import Lazy, Params
 from tango.common.exceptions import ConfigurationError
@@ -26,7 +26,7 @@ PIPE = "tango_fairscale::pipe"
 
 @pytest.fixture(scope="session")
 def family_model_dir(tmp_path_factory, tokenizer_dir):
-    """``family_model_dir(name)``: the family's tiny model (``tests/families.py``), saved once."""
+    """``family_model_dir(name)``: the family's tiny model (``helpers/families.py``), saved once."""
     saved: dict[str, Path] = {}
 
     def get(name: str) -> Path:

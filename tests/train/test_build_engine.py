@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from helpers.families import save_family
 from tango.common.exceptions import ConfigurationError
-from verified_families import save_family
 
 
 def plan_for(model_dir: Path, work_dir: Path, pack_sequences: bool | None):
