@@ -17,7 +17,7 @@
 # Suites (name | GPUs | nominal seconds | the figure it produces); `gpu.sh --list` and
 # benchmarks/index.py read these lines:
 #@ tests | 1 | 120 | GPU-only tests pass (compiled loss, packed batches on a GPU, fp16 overflow in every engine)
-#@ e2e | 1 | 200 | the whole flow: tango run configs/gpt2_piqa.jsonnet with every engine on the visible GPUs (pipe on a Llama shape), and a command's fixed cost
+#@ e2e | 1 | 330 | the whole flow: tango run configs/gpt2_piqa.jsonnet with every engine on the visible GPUs (pipe on a Llama shape), and a command's fixed cost
 #@ train-synthetic-124m | 1 | 240 | MFU >= 30 % at GPT-2 124M; sharded engines >= 1.3x ddp bf16 autocast (124M)
 #@ train-synthetic-1.5b | 1 | 400 | MFU >= 45 % at GPT-2 1.5B; FairScale within 10 % of FSDP2; sharded engines >= 1.3x ddp bf16 (1.5B)
 #@ train-piqa | 1 | 300 | FairScale bf16 + checkpointing on PIQA batches of 16 per GPU: memory <= 1/3 of DDP fp32, throughput >= DDP fp32
@@ -27,8 +27,8 @@
 #@ max-model | 1 | 540 | largest model that trains 10 steps: >= 6B on one H200, >= 12B on two
 #@ pipe | 2 | 300 | pipe engine over two GPUs against one: throughput, memory per device, the bubble
 #@ multinode | 2 | 540 | two torchrun "nodes" end bit-identical to the single-node run (fsdp2, hybrid_shard, fairscale)
-#@ lm-eval | 1 | 200 | the package's scoring >= 10x lm-eval's HF backend (requests/s), whole commands, PIQA and >= 50k synthetic requests
-#@ torch-train | 1 | 70 | Tango's torch::train with the fsdp2 engine (bf16-mixed) next to tango_fairscale::train: tokens/s
+#@ lm-eval | 1 | 400 | the package's scoring >= 10x lm-eval's HF backend (requests/s), whole commands, PIQA and >= 50k synthetic requests
+#@ torch-train | 1 | 200 | Tango's torch::train with the fsdp2 engine (bf16-mixed) next to tango_fairscale::train: tokens/s
 # Groups: train-synthetic = train-synthetic-124m train-synthetic-1.5b.
 set -u -o pipefail
 
