@@ -75,9 +75,7 @@ def hflm(tiny_model_dir: Path):
     shorter than another's with the same ``context + continuation[:-1]`` (winogrande does this)."""
     from lm_eval.models.huggingface import HFLM
 
-    return HFLM(
-        pretrained=str(tiny_model_dir), device="cpu", dtype="float32", logits_cache=False
-    )
+    return HFLM(pretrained=str(tiny_model_dir), device="cpu", dtype="float32", logits_cache=False)
 
 
 @pytest.fixture(scope="session")

@@ -141,8 +141,8 @@ class TaskMetricsStep(Step[dict]):
 
 
 def describe(results: dict) -> list[str]:
-    """One line per task of lm-eval ``results``: ``task: metric value ± stderr, ... (N examples)``.
-    """
+    """One line per task of lm-eval ``results``:
+    ``task: metric value ± stderr, ... (N examples)``."""
     lines = []
     for task, metrics in results.get("results", {}).items():
         shown = []

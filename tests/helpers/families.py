@@ -11,7 +11,6 @@ refused at load. ``save_family`` builds one with Hugging Face alone, ``reference
 with a plain Hugging Face forward, ``package_scores`` with the package's model.
 """
 
-
 from __future__ import annotations
 
 from pathlib import Path
@@ -133,6 +132,7 @@ def save_tiny_model(name: str, directory: Path, tokenizer_dir: Path, **overrides
     """:func:`tiny_model` saved like a hub checkpoint."""
     tiny_model(name, tokenizer_dir, **overrides).save(directory)
     return directory
+
 
 _SMALL: dict[str, Any] = {
     "vocab_size": VOCAB,
