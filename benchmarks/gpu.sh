@@ -179,7 +179,7 @@ suite_pipe() {  # one process, the stages on every visible GPU, against ddp-bf16
 
 suite_lm_eval() {  # lm_eval_speed.json: requests/s and command seconds of each tool and setting
   step "$BUDGET" "$PY" benchmarks/lm_eval_speed.py "${TINY[@]}" --piqa "$PIQA" --tokenizer "$TOK" \
-    --timeout-s 120 --budget-s $(( BUDGET - 25 )) --out "$DIR/lm_eval_speed.json"
+    --timeout-s 150 --budget-s $(( BUDGET - 25 )) --out "$DIR/lm_eval_speed.json"
   [ "$DRY_RUN" = 1 ] || grep '^{' "$DIR/log.txt" | tee -a "$LOG"
 }
 

@@ -2,7 +2,7 @@
 scoring requests/s and whole-command wall time, measured in the same run.
 
     python benchmarks/lm_eval_speed.py --piqa .gpudata/piqa --tokenizer .gpudata/gpt2-tokenizer \
-        --out results/lm_eval_speed.json [--suites piqa,synthetic] [--tiny]
+        --out results/lm_eval_speed.json [--suites synthetic,piqa] [--tiny]
 
 Suites: ``piqa`` — lm-eval's ``piqa`` on the official validation files (3,676 requests);
 ``synthetic`` — >= 50,000 requests in HellaSwag's shape (long contexts, four long endings) and
@@ -168,7 +168,7 @@ def main() -> None:
     parser.add_argument("--piqa", type=Path, required=True)
     parser.add_argument("--tokenizer", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--suites", default="piqa,synthetic")
+    parser.add_argument("--suites", default="synthetic,piqa", help="in this order")
     parser.add_argument("--work", type=Path, default=Path("/tmp/lm_eval_speed"))
     parser.add_argument("--timeout-s", type=float, default=240, help="per command")
     parser.add_argument("--budget-s", type=float, default=1e9, help="all commands: skip the rest")
