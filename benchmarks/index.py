@@ -80,7 +80,6 @@ EARLIER: dict[str, dict[str, str | None]] = {
     "multinode_h200x2": {"suite": "multinode"},
     "e2e_tango_run_h200": {"suite": "e2e"},
     "e2e_tango_run_h200x2": {"suite": "e2e"},
-    "e2e_tango_run_h200_86e42b0": {"suite": "e2e"},
     "mfu_h200": {
         "suite": None,
         "target": "figure (README): MFU before and after the fused GELU and aligned projection "
