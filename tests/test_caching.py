@@ -60,6 +60,7 @@ def step_ids(model_dir: Path, task_dir: Path, hash_seed: str) -> list[str]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_step_ids_do_not_depend_on_the_hash_seed(tiny_model_dir: Path) -> None:
     task_dir = FIXTURE_TASKS / "piqa"
     assert step_ids(tiny_model_dir, task_dir, "1") == step_ids(tiny_model_dir, task_dir, "2")

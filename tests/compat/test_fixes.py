@@ -27,6 +27,7 @@ def probe(world_size: int, case: str, *fixes: str) -> subprocess.CompletedProces
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "world_size, case, needed, also, error",
     [
@@ -45,6 +46,7 @@ def test_fix_is_needed_and_sufficient(world_size, case, needed, also, error) -> 
     assert with_fix.returncode == 0, with_fix.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_mixed_precision_gradients_are_fp32_at_world_size_1() -> None:
     result = probe(1, "mixed", STREAMS, "fp32_reduce_scatter")
     assert "gradient dtypes: torch.float32\n" in result.stdout

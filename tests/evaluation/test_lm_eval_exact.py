@@ -118,7 +118,7 @@ def fixture_spec(task: str, num_fewshot: int) -> TaskSpec:
     return TaskSpec(name=task, data_dir=str(FIXTURES / DATA_DIR[task]), num_fewshot=num_fewshot)
 
 
-@pytest.mark.parametrize("num_fewshot", [0, 2])
+@pytest.mark.parametrize("num_fewshot", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_every_task_format_equals_lm_eval_on_gpt2(gpt2_dir: Path, num_fewshot: int) -> None:
     expected = reference(gpt2_dir, [task_config(task) for task in TASKS], num_fewshot)
     model = ModelWrapper(str(gpt2_dir))
@@ -138,6 +138,7 @@ def test_every_task_format_equals_lm_eval_on_a_tied_llama(
         assert_same(task, expected, ours(model, fixture_spec(task, num_fewshot)))
 
 
+@pytest.mark.slow
 def test_hflm_one_token_cache_scores_winogrande_collisions_elsewhere(gpt2_dir: Path) -> None:
     """Why the reference runs with ``logits_cache=False``: with the cache, HFLM's answer for a
     request that shares ``context + continuation[:-1]`` with a longer one is not its own."""

@@ -109,7 +109,7 @@ def load_in_subprocess(source: str, hf_home: Path, **env: str) -> subprocess.Com
 
 @pytest.mark.parametrize(
     "offline",
-    [False, pytest.param(True, marks=pytest.mark.slow)],
+    [pytest.param(False, marks=pytest.mark.slow), True],
     ids=["unreachable", "HF_HUB_OFFLINE"],
 )
 def test_an_unreachable_hub_id_is_one_line(tmp_path, offline) -> None:
@@ -125,6 +125,7 @@ def test_an_unreachable_hub_id_is_one_line(tmp_path, offline) -> None:
     assert "client has been closed" not in done.stderr
 
 
+@pytest.mark.slow
 def test_a_hub_id_the_cache_holds_loads_without_the_hub(tmp_path, tokenizer_dir) -> None:
     """With the hub unreachable a cached hub id loads from the cache, and its fingerprint is the
     commit the cache's ``refs/main`` names."""

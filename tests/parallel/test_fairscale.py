@@ -69,6 +69,7 @@ def test_compiled_checkpointed_units_match_ddp(trained_run) -> None:
 ONE_PROCESS = define("fairscale/one-process", RunSpec("fairscale", 1))
 
 
+@pytest.mark.slow
 @trains(ONE_PROCESS, DDP)
 def test_one_process_matches_two(trained_run) -> None:
     """The global batch does not depend on the world size, so neither does the trajectory."""

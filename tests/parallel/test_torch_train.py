@@ -184,11 +184,16 @@ def assert_same_weights(result: ModelWrapper, work_dir: Path, reference: dict) -
         torch.testing.assert_close(state[key], value, rtol=0, atol=0, msg=key)
 
 
-ENGINES = ["tango_fairscale::ddp", "tango_fairscale::fairscale", "tango_fairscale::fsdp2",
-           "tango_fairscale::pipe"]  # fmt: skip
+#: One engine in the default tier, the others in the slow one.
+ENGINES = [
+    pytest.param(
+        f"tango_fairscale::{name}", id=name, marks=[] if name == "fairscale" else [pytest.mark.slow]
+    )
+    for name in ("ddp", "fairscale", "fsdp2", "pipe")
+]
 
 
-@pytest.mark.parametrize("engine", ENGINES, ids=lambda name: name.split("::")[1])
+@pytest.mark.parametrize("engine", ENGINES)
 def test_one_process_matches_our_step(
     engine: str, ours, tmp_path: Path, tiny_model_dir: Path, piqa_small
 ) -> None:
@@ -249,6 +254,7 @@ def test_two_processes_match_our_step_across_a_resume(
     assert_same_weights(result, work_dir, ours(engine, 2))
 
 
+@pytest.mark.slow
 def test_the_example_config_runs_with_tango_run(
     tmp_path: Path, tiny_model_dir: Path, piqa_dir: Path, capsys
 ) -> None:
