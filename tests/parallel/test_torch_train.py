@@ -181,7 +181,9 @@ def assert_same_weights(result: ModelWrapper, work_dir: Path, reference: dict) -
     for key, value in reference.items():
         # Bitwise: the same batches through the same engine code (measured: 0.0 for every engine
         # at 1 process, and for fairscale at 2 across a crash and resume).
-        torch.testing.assert_close(state[key], value, rtol=0, atol=0, msg=key)
+        torch.testing.assert_close(
+            state[key], value, rtol=0, atol=0, msg=lambda details, key=key: f"{key}: {details}"
+        )
 
 
 #: One engine in the default tier, the others in the slow one.
