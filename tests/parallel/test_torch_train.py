@@ -13,6 +13,7 @@ interleaves ranks; our schedule gives each rank a contiguous slice).
 from __future__ import annotations
 
 import functools
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -261,7 +262,8 @@ def test_the_example_config_runs_with_tango_run(
     tmp_path: Path, tiny_model_dir: Path, piqa_dir: Path, capsys
 ) -> None:
     """``examples/torch_train_fairscale.jsonnet`` as its header says to run it (one process, a
-    tiny model); its stored result and an export of its checkpoint load with every key."""
+    tiny model); the same command again starts no step; its stored result and an export of its
+    checkpoint load with every key."""
     from transformers import AutoModelForCausalLM
 
     from tango_fairscale.cli import main
@@ -277,6 +279,12 @@ def test_the_example_config_runs_with_tango_run(
     command += [option for name, value in variables.items() for option in ("-D", f"{name}={value}")]
     run = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]
+    # The same command again (another hash seed) finds every step in the cache.
+    env = {**os.environ, "PYTHONHASHSEED": "123"}
+    rerun = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, env=env)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "Starting step" not in rerun.stdout + rerun.stderr
+    assert "Found output" in rerun.stdout + rerun.stderr
     [stored] = (tmp_path / "ws" / "cache").glob("TorchTrainStep-*")
     loaded = {}
     for name, directory in (("stored", stored), ("exported", tmp_path / "exported")):
