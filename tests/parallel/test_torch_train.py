@@ -242,9 +242,13 @@ def test_refuses_packed_batches_the_engine_cannot_take(
 @pytest.mark.slow
 @pytest.mark.parametrize("engine", ["tango_fairscale::fairscale", "tango_fairscale::fsdp2"])
 def test_two_processes_match_our_step_across_a_resume(
-    engine: str, ours, tmp_path: Path, tiny_model_dir: Path, piqa_small
+    engine: str, ours, tmp_path: Path, tiny_model_dir: Path, piqa_small, monkeypatch
 ) -> None:
     from tango.common.logging import initialize_logging, teardown_logging
+
+    # Both steps' spawned workers (2 on 2 cores) with one intra-op thread each, as torchrun sets
+    # it: a bitwise comparison needs the same CPU kernels' partitioning in every process.
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
 
     initialize_logging(log_level="warning")  # torch::train's spawned workers log through it
     try:
