@@ -21,7 +21,9 @@ import torch
 VOCAB = 50257  # the GPT-2 tokenizer's ids must fit
 WINDOW = 8
 
-_ROPE: dict[str, Any] = {
+#: A small decoder's shape; bos/eos: the GPT-2 tokenizer's end-of-text, as padding (where the
+#: tokenizer files name none).
+_SMALL: dict[str, Any] = {
     "vocab_size": VOCAB,
     "hidden_size": 32,
     "intermediate_size": 64,
@@ -29,11 +31,10 @@ _ROPE: dict[str, Any] = {
     "num_attention_heads": 2,
     "num_key_value_heads": 1,
     "max_position_embeddings": 128,
-    "attention_dropout": 0.0,
-    # The GPT-2 tokenizer's end-of-text, as padding (where the tokenizer files name none).
     "bos_token_id": VOCAB - 1,
     "eos_token_id": VOCAB - 1,
 }
+_ROPE: dict[str, Any] = {**_SMALL, "attention_dropout": 0.0}
 _GEMMA: dict[str, Any] = {**_ROPE, "head_dim": 16, "query_pre_attn_scalar": 16}
 
 FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
@@ -133,18 +134,6 @@ def save_tiny_model(name: str, directory: Path, tokenizer_dir: Path, **overrides
     tiny_model(name, tokenizer_dir, **overrides).save(directory)
     return directory
 
-
-_SMALL: dict[str, Any] = {
-    "vocab_size": VOCAB,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 1,
-    "max_position_embeddings": 128,
-    "bos_token_id": VOCAB - 1,
-    "eos_token_id": VOCAB - 1,
-}
 
 #: The families of FAMILY_CONFIGS (every family the pipe splits) and more, dropout off.
 VERIFIED_FAMILIES: dict[str, dict[str, Any]] = {
