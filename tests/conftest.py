@@ -168,18 +168,41 @@ def train_in(
     run_training(TrainPlan(config, model, engine_lazy, pairs, [task], 8, 32))
 
 
+#: Weights of two runs agree to this, except for a few elements (:func:`assert_same_weights`).
+WEIGHT_ATOL = 1e-5
+#: Of a tensor's elements, the share (at least one) that may differ by more than
+#: ``WEIGHT_ATOL``, but never by more than one optimizer step (the tests' lr, 1e-3).
+STRAY_SHARE, STRAY_ATOL = 1e-5, 1e-3
+
+
+def assert_same_weights(expected: Mapping[str, torch.Tensor], got: Mapping[str, torch.Tensor]):
+    """The same keys, and every tensor within ``WEIGHT_ATOL`` but for at most ``STRAY_SHARE`` of
+    its elements, which stay within ``STRAY_ATOL``. Why the strays: Adam divides each element's
+    step by that element's own gradient scale, so an element whose gradient is as small as the
+    rounding of another summation order (micro-batches, shards, a reordered kernel) can step
+    differently — one element of a 1.6M-element embedding, 1.6e-5 apart after 10 steps, has
+    been seen. A wrong reduction or a lost update moves far more elements than that."""
+    assert expected.keys() == got.keys()
+    for key, want in expected.items():
+        difference = (got[key].double() - want.double()).abs()
+        strays = int((difference > WEIGHT_ATOL).sum())
+        allowed = max(1, int(STRAY_SHARE * want.numel()))
+        worst = float(difference.max()) if difference.numel() else 0.0
+        assert strays <= allowed and worst <= STRAY_ATOL, (
+            f"{key}: {strays} of {want.numel()} elements differ by more than {WEIGHT_ATOL} "
+            f"(at most {allowed} may, by up to {STRAY_ATOL}); the largest difference is {worst}"
+        )
+
+
 def assert_same_training(reference, candidate_log, candidate_state, steps: int = 20) -> None:
-    """Per-step losses within 1e-5 relative, weights within 1e-5, same validation accuracies;
-    ``steps`` losses in each log."""
+    """Per-step losses within 1e-5 relative, the same weights (:func:`assert_same_weights`),
+    the same validation accuracies; ``steps`` losses in each log."""
     losses = [r["train_loss"] for r in reference.training_log if "train_loss" in r]
     other = [r["train_loss"] for r in candidate_log if "train_loss" in r]
     assert len(losses) == len(other) == steps
     for step, (a, b) in enumerate(zip(losses, other), start=1):
         assert b == pytest.approx(a, rel=1e-5), f"loss differs at step {step}"
-    expected = reference.state_dict()
-    assert expected.keys() == candidate_state.keys()
-    for key in expected:
-        torch.testing.assert_close(candidate_state[key], expected[key], rtol=0, atol=1e-5, msg=key)
+    assert_same_weights(reference.state_dict(), candidate_state)
     accuracies = [r["val_acc"] for r in candidate_log if "val_acc" in r]
     assert accuracies == [r["val_acc"] for r in reference.training_log if "val_acc" in r]
 

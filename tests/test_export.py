@@ -99,7 +99,9 @@ def test_export_equals_the_runs_final_weights(
     exported = {f"model.{key}": value for key, value in model.state_dict().items()}
     assert exported.keys() == final.keys()
     for key, value in final.items():
-        torch.testing.assert_close(exported[key], value, rtol=0, atol=0, msg=key)
+        torch.testing.assert_close(
+            exported[key], value, rtol=0, atol=0, msg=lambda detail, key=key: f"{key}: {detail}"
+        )
     assert (tmp_path / "hf" / "tokenizer.json").is_file()
 
 

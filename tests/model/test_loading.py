@@ -67,7 +67,9 @@ def test_a_bf16_checkpoint_trains_like_its_fp32_copy(tmp_path, tokenizer_dir, pi
     b = train_tiny(tmp_path / "wb", fp32, piqa_small, train_steps=4).state_dict()
     for key in b:
         assert a[key].dtype == torch.float32, key
-        torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, msg=key)
+        torch.testing.assert_close(
+            a[key], b[key], rtol=0, atol=0, msg=lambda detail, key=key: f"{key}: {detail}"
+        )
 
 
 @pytest.mark.parametrize("family", ["gpt2", "gemma2"])

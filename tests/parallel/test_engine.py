@@ -59,7 +59,13 @@ def test_fp16_overflow_skips_the_step_and_logs_it(
         assert "fp16 gradient overflow: optimizer step skipped" in caplog.text
         unchanged = engine.full_model_state()
         for key, value in before.items():
-            torch.testing.assert_close(unchanged[key], value, rtol=0, atol=0, msg=key)
+            torch.testing.assert_close(
+                unchanged[key],
+                value,
+                rtol=0,
+                atol=0,
+                msg=lambda detail, key=key: f"{key}: {detail}",
+            )
 
         one_step(engine, batch, 1.0)
         assert engine.skipped_steps == 1

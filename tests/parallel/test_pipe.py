@@ -104,7 +104,13 @@ def test_forward_equals_model_wrapper(
             expected = reference(**batch)
         outputs = built.forward_eval(batch)
         for key in ("loss", "loglikelihood", "num_tokens"):
-            torch.testing.assert_close(outputs[key], expected[key], rtol=1e-6, atol=1e-6, msg=key)
+            torch.testing.assert_close(
+                outputs[key],
+                expected[key],
+                rtol=1e-6,
+                atol=1e-6,
+                msg=lambda detail, key=key: f"{key}: {detail}",
+            )
 
 
 def engine(tmp_path: Path, model_dir: Path, world_size: int = 1, **params) -> PipeEngine:
