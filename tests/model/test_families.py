@@ -5,8 +5,8 @@
   in fp32; the families whose forward transforms the logits (Gemma-2/3's soft cap, Cohere's and
   Granite's scales, ...) also at large logits, where the transform shows;
 * families whose logits the package does not reproduce are refused at load in one line;
-* (slow) 3 steps of 2-process ``fairscale`` and ``fsdp2`` end with DDP's weights, every family of
-  an engine trained in one spawned process group (``helpers.group.train_many``).
+* (slow) 3 steps of 2-process ``fairscale`` and ``fsdp2`` end with DDP's weights, every family and
+  engine trained in one spawned process group (``helpers.group.train_many``).
 
 ``VERIFIED_FAMILIES`` (tests/helpers/families.py) is the README's list of verified families.
 """
@@ -110,9 +110,13 @@ def test_unsupported_families_are_refused_in_one_line(tmp_path, tokenizer_dir, f
 PARITY_STEPS = 3
 
 
-def train_families(root: Path, model_dirs: dict[str, Path], pairs, engine: str) -> dict:
-    """``PARITY_STEPS`` steps of ``engine`` on 2 processes for each model of ``model_dirs``, all
-    in one spawned process group (``helpers.group.train_many``); each family's final weights."""
+ENGINES = ("ddp", "fairscale", "fsdp2")
+
+
+def train_families(root: Path, model_dirs: dict[str, Path], pairs) -> dict:
+    """``PARITY_STEPS`` steps of every engine of ``ENGINES`` on 2 processes for each model of
+    ``model_dirs``, all in one spawned process group (``helpers.group.train_many``); the final
+    weights by ``(engine, family)``."""
     from conftest import engine_config
     from helpers.group import train_many
     from tango.common import Lazy, Params
@@ -121,25 +125,38 @@ def train_families(root: Path, model_dirs: dict[str, Path], pairs, engine: str) 
     from tango_fairscale.train.loop import TrainPlan
 
     plans = {}
-    for family, model_dir in model_dirs.items():
-        config = TrainConfig(
-            family,
-            root / engine / family,
-            train_steps=PARITY_STEPS,
-            checkpoint_every=100,
-            validate_every=None,
-            log_every=1,
-            is_distributed=True,
-            devices=[-1, -1],
-            world_size=2,
-        )
-        model = Lazy(Model, Params({"type": "tango_fairscale::causal_lm", "model": str(model_dir)}))
-        engine_lazy = Lazy(TrainingEngine, Params(engine_config(f"tango_fairscale::{engine}")))
-        plans[family] = TrainPlan(config, model, engine_lazy, pairs, [], 8, 8, pack_sequences=None)
+    for engine in ENGINES:
+        for family, model_dir in model_dirs.items():
+            config = TrainConfig(
+                family,
+                root / engine / family,
+                train_steps=PARITY_STEPS,
+                checkpoint_every=100,
+                validate_every=None,
+                log_every=1,
+                is_distributed=True,
+                devices=[-1, -1],
+                world_size=2,
+            )
+            params = Params({"type": "tango_fairscale::causal_lm", "model": str(model_dir)})
+            engine_params = Params(engine_config(f"tango_fairscale::{engine}"))
+            plans[f"{engine}/{family}"] = TrainPlan(
+                config,
+                Lazy(Model, params),
+                Lazy(TrainingEngine, engine_params),
+                pairs,
+                [],
+                8,
+                8,
+                pack_sequences=None,
+            )
     runs = train_many(plans)
     failed = [run for run in runs.values() if isinstance(run, str)]
     assert not failed, failed
-    return {family: run.state_dict() for family, run in runs.items()}  # type: ignore[union-attr]
+    return {
+        tuple(name.split("/")): run.state_dict()  # type: ignore[union-attr]
+        for name, run in runs.items()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -158,23 +175,27 @@ def family_pairs(piqa_small):
 
 
 @pytest.fixture(scope="module")
-def ddp_family_weights(tmp_path_factory, family_dirs, family_pairs) -> dict:
-    return train_families(tmp_path_factory.mktemp("ddp"), family_dirs, family_pairs, "ddp")
+def family_weights(tmp_path_factory, family_dirs, family_pairs) -> dict:
+    return train_families(tmp_path_factory.mktemp("family-runs"), family_dirs, family_pairs)
+
+
+@pytest.fixture(scope="module")
+def initial_weights(family_dirs) -> dict:
+    return {family: ModelWrapper(str(path)).state_dict() for family, path in family_dirs.items()}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("engine", ["fairscale", "fsdp2"])
 def test_sharded_engines_end_with_ddps_weights_on_every_family(
-    tmp_path, engine, family_dirs, family_pairs, ddp_family_weights
+    engine, initial_weights, family_weights
 ) -> None:
-    trained = train_families(tmp_path, family_dirs, family_pairs, engine)
-    for family, expected in ddp_family_weights.items():
-        initial = ModelWrapper(str(family_dirs[family])).state_dict()
-        got = trained[family]
-        assert got.keys() == expected.keys(), family
+    from conftest import assert_same_weights
+
+    for family, initial in initial_weights.items():
+        expected = family_weights["ddp", family]
         moved = [key for key in expected if not torch.equal(expected[key], initial[key])]
         assert moved, f"{family}: training changed no weight"
-        for key in expected:
-            torch.testing.assert_close(
-                got[key], expected[key], rtol=0, atol=1e-5, msg=f"{family} {key}"
-            )
+        try:
+            assert_same_weights(expected, family_weights[engine, family])
+        except AssertionError as error:
+            raise AssertionError(f"{family}: {error}") from None

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_same_run, child_processes
+from conftest import assert_same_run, assert_same_weights, child_processes
 from helpers.parity import DDP, RunSpec, define, run_param, trains
 from helpers.parity import STEPS as PARITY_STEPS
 
@@ -83,14 +83,17 @@ def workers_of(pid: int) -> list[int]:
     return child_processes(pid, b"spawn_main")
 
 
-def assert_resumes_to_the_reference(command, workspace: Path, reference) -> None:
+def assert_resumes_to_the_reference(workspace: Path, model: Path, piqa_small, reference) -> None:
+    """The same step again (here, not in a subprocess: the same step id, the same workspace)
+    resumes from the last checkpoint and ends with the uninterrupted run's weights."""
+    from conftest import train_tiny
+
     stopped_at = latest_checkpoint(workspace)
     assert stopped_at is not None and stopped_at < f"step{STEPS:07d}", stopped_at
     assert not list(workspace.glob("cache/*/work/final_weights.pt"))
-    subprocess.run(command, check=True, capture_output=True, timeout=300)
+    train_tiny(workspace, model, piqa_small, "tango_fairscale::fairscale", 2, train_steps=STEPS)
     resumed = ModelFormat().read(next(workspace.glob("cache/TrainStep-*")))
-    for key, value in reference.state_dict().items():
-        torch.testing.assert_close(resumed.state_dict()[key], value, rtol=0, atol=1e-5, msg=key)
+    assert_same_weights(reference.state_dict(), resumed.state_dict())
     logged = [r["step"] for r in resumed.training_log if "train_loss" in r]
     assert logged == list(range(1, STEPS + 1))
     # The raw log shows the rerun resumed instead of starting over: step 1 was trained once.
@@ -102,19 +105,19 @@ def assert_resumes_to_the_reference(command, workspace: Path, reference) -> None
 @pytest.mark.slow
 @trains(UNINTERRUPTED)
 def test_sigkill_then_rerun_resumes_and_matches(
-    tmp_path, tiny_model_dir, piqa_dir, uninterrupted
+    tmp_path, tiny_model_dir, piqa_dir, piqa_small, uninterrupted
 ) -> None:
     command = train_command(tmp_path, tiny_model_dir, piqa_dir, STEPS)
     job = start_and_wait_for_a_checkpoint(command, tmp_path)
     os.killpg(job.pid, signal.SIGKILL)  # the launcher and both workers, mid-training
     job.communicate()
-    assert_resumes_to_the_reference(command, tmp_path, uninterrupted)
+    assert_resumes_to_the_reference(tmp_path, tiny_model_dir, piqa_small, uninterrupted)
 
 
 @pytest.mark.slow
 @trains(UNINTERRUPTED)
 def test_sigterm_checkpoints_and_exits_resumably(
-    tmp_path, tiny_model_dir, piqa_dir, uninterrupted
+    tmp_path, tiny_model_dir, piqa_dir, piqa_small, uninterrupted
 ) -> None:
     command = train_command(tmp_path, tiny_model_dir, piqa_dir, STEPS)
     job = start_and_wait_for_a_checkpoint(command, tmp_path)
@@ -124,13 +127,13 @@ def test_sigterm_checkpoints_and_exits_resumably(
     assert "preempted by SIGTERM after step" in stderr and "rerun the same command" in stderr
     stopped_at = latest_checkpoint(tmp_path)
     assert f"resume from checkpoint {stopped_at}" in stderr  # the checkpoint of the last step
-    assert_resumes_to_the_reference(command, tmp_path, uninterrupted)
+    assert_resumes_to_the_reference(tmp_path, tiny_model_dir, piqa_small, uninterrupted)
 
 
 @pytest.mark.slow
 @trains(UNINTERRUPTED)
 def test_a_dead_rank_stops_the_others_with_its_name(
-    tmp_path, tiny_model_dir, piqa_dir, uninterrupted
+    tmp_path, tiny_model_dir, piqa_dir, piqa_small, uninterrupted
 ) -> None:
     command = train_command(tmp_path, tiny_model_dir, piqa_dir, STEPS)
     job = start_and_wait_for_a_checkpoint(command, tmp_path)
@@ -143,7 +146,7 @@ def test_a_dead_rank_stops_the_others_with_its_name(
     assert job.returncode != 0
     assert "died (SIGKILL); the others were stopped" in stderr
     assert not any(Path(f"/proc/{pid}").exists() for pid in workers)  # nothing left behind
-    assert_resumes_to_the_reference(command, tmp_path, uninterrupted)
+    assert_resumes_to_the_reference(tmp_path, tiny_model_dir, piqa_small, uninterrupted)
 
 
 @pytest.mark.slow
