@@ -3,7 +3,8 @@
 A test names the runs it reads with ``@pytest.mark.trains(name, ...)`` (or :func:`run_param`
 for one parameter of a parametrized test); the session fixture ``trained_run`` (``conftest.py``)
 trains every run that the selected tests name, all runs of one world size in one spawned process
-group (:func:`helpers.group.train_many`), the first time a test asks for one of them.
+group (:func:`helpers.group.train_many`), the first time a test asks for one of them; the
+one-process runs train meanwhile in this process.
 
 Runs that nothing resumes train :data:`STEPS` steps, validate once after the last and write only
 the checkpoint the loop writes after the last step; tests that resume a run keep their own
@@ -115,7 +116,9 @@ def build_plan(spec: RunSpec, work_dir: Path, model_dir: Path, dataset: Any) -> 
 
 
 class RunStore:
-    """Trains the runs ``needed`` by the selected tests, per world size, on first request."""
+    """Trains the runs ``needed`` by the selected tests on the first request: the one-process
+    runs here in a thread while the groups of other world sizes train in spawned processes (on
+    2 cores, each alone keeps the machine about two-thirds busy)."""
 
     def __init__(self, needed: set[str], root: Path, model_dir: Any, dataset: Any) -> None:
         self.needed, self.root, self.model_dir, self.dataset = needed, root, model_dir, dataset
@@ -124,27 +127,27 @@ class RunStore:
     def get(self, name: str) -> Any:
         """The run's :class:`~helpers.group.TrainedRun`; the test fails if the run failed."""
         if name not in self.results:
-            self._train_world_size(SPECS[name].world_size, also=name)
+            self._train(self.needed | {name})
         result = self.results[name]
         if isinstance(result, str):
             pytest.fail(result, pytrace=False)
         return result
 
-    def _train_world_size(self, world_size: int, also: str) -> None:
+    def _train(self, names: set[str]) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
         from helpers.group import train_many
 
-        names = [
-            name
-            for name in sorted(self.needed | {also})
-            if SPECS[name].world_size == world_size and name not in self.results
-        ]
-        plans = {
-            name: build_plan(
-                SPECS[name],
-                self.root / name.replace("/", "--"),
-                self.model_dir(SPECS[name].model),
-                self.dataset,
-            )
-            for name in names
-        }
-        self.results.update(train_many(plans))
+        by_world_size: dict[int, dict[str, Any]] = {}
+        for name in sorted(names - self.results.keys()):
+            spec = SPECS[name]
+            directory = self.root / name.replace("/", "--")
+            plan = build_plan(spec, directory, self.model_dir(spec.model), self.dataset)
+            by_world_size.setdefault(spec.world_size, {})[name] = plan
+        one_process = by_world_size.pop(1, {})
+        with ThreadPoolExecutor(1) as pool:  # spawning (signal handlers) stays in this thread
+            here = pool.submit(train_many, one_process) if one_process else None
+            for plans in by_world_size.values():
+                self.results.update(train_many(plans))
+            if here is not None:
+                self.results.update(here.result())
