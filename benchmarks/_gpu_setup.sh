@@ -40,7 +40,15 @@ if [ "${BENCH_SKIP_INSTALL:-0}" != 1 ] && [ "$DRY" != 1 ]; then
   export PYTHONPATH=/tmp/site:$PWD
 fi
 export TOKENIZERS_PARALLELISM=false FILE_FRIENDLY_LOGGING=true PYTHONUNBUFFERED=1
-export BENCH_COMMIT=${BENCH_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+# A copy's .git can be older than its files (the device keeps one between sessions): a tree that
+# differs from its HEAD is named "HEAD+modified", never as HEAD.
+if [ -z "${BENCH_COMMIT:-}" ]; then
+  BENCH_COMMIT=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+  if [ "$BENCH_COMMIT" != unknown ] && ! git diff --quiet HEAD -- 2>/dev/null; then
+    BENCH_COMMIT="$BENCH_COMMIT+modified"
+  fi
+fi
+export BENCH_COMMIT
 PY=${PYTHON:-python3}
 
 if [ "$DRY" != 1 ]; then
