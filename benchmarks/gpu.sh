@@ -11,8 +11,9 @@
 # files under $OUT/SUITE/ (its full output in $OUT/SUITE/log.txt), then prints an index of the
 # results. BENCH_TOTAL_S (default 540) bounds the whole call: suites share what is left after
 # setup in proportion to their nominal seconds, and each one's commands stop by then. Also:
-# BENCH_COMMIT (the commit measured, when the copy has no .git), BENCH_TINY=1 (CPU smoke test:
-# --tiny sizes, GPU counts not checked), BENCH_SKIP_INSTALL=1, PYTHON.
+# BENCH_COMMIT (the commit measured, when the copy has no .git), BENCH_PROFILE=1 (torch-train:
+# each command under cProfile, the top functions in SUITE/profile/; its rates are not figures),
+# BENCH_TINY=1 (CPU smoke test: --tiny sizes, GPU counts not checked), BENCH_SKIP_INSTALL=1, PYTHON.
 #
 # Suites (name | GPUs | nominal seconds | the figure it produces); `gpu.sh --list` and
 # benchmarks/index.py read these lines:
@@ -186,7 +187,7 @@ suite_lm_eval() {  # lm_eval_speed.json: requests/s and command seconds of each 
 suite_torch_train() {  # torch_train_speed.json: tokens/s of torch::train and of the package's step
   step "$BUDGET" "$PY" benchmarks/torch_train_speed.py "${TINY[@]}" --piqa "$PIQA" --tokenizer "$TOK" \
     --engine fsdp2 --precision bf16-mixed --timeout-s $(( BUDGET / 2 - 5 )) \
-    --out "$DIR/torch_train_speed.json"
+    ${BENCH_PROFILE:+--profile "$DIR/profile"} --out "$DIR/torch_train_speed.json"
   [ "$DRY_RUN" = 1 ] || grep '^{' "$DIR/log.txt" | tee -a "$LOG"
 }
 

@@ -64,6 +64,18 @@ def run(command: list[str], log: Path, timeout: float) -> tuple[float, int, str]
     return time.perf_counter() - started, code, log.read_text(errors="replace")
 
 
+def write_profile_summary(stem: Path, top: int = 60) -> None:
+    """``stem.txt``: the profile's functions by own time, then by cumulative time."""
+    import io
+    import pstats
+
+    text = io.StringIO()
+    stats = pstats.Stats(f"{stem}.prof", stream=text).strip_dirs()
+    stats.sort_stats("tottime").print_stats(top)
+    stats.sort_stats("cumulative").print_stats(top)
+    stem.with_suffix(".txt").write_text(text.getvalue())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--piqa", type=Path, required=True)
@@ -77,6 +89,12 @@ def main() -> None:
     parser.add_argument("--timeout-s", type=float, default=200, help="per command")
     parser.add_argument("--tiny", action="store_true", help="CPU smoke test")
     parser.add_argument("--commit")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="also run each command under cProfile (slower: its rates are not the figures); "
+        "writes LABEL.prof and LABEL.txt (functions by own time) into this folder",
+    )
     args = parser.parse_args()
     from tango_fairscale.model.causal_lm import ModelWrapper
 
@@ -90,6 +108,11 @@ def main() -> None:
                f"precision={args.precision}", f"train_steps={steps}", f"limit={limit}",
                f"batch_size={args.batch_size}", "device_count=1", "lr=1e-4"]  # fmt: skip
     tango = [sys.executable, "-m", "tango", "--file-friendly-logging", "run"]
+    profiles = {}
+    if args.profile is not None:  # both steps train in the command's own process (one device)
+        args.profile.mkdir(parents=True, exist_ok=True)
+        for label in ("torch::train", "tango_fairscale::train"):
+            profiles[label] = args.profile / label.replace("::", "-")
     padded = '{"steps.trained_model.pack_sequences": false}'
     commands = {
         "torch::train": [*tango, "examples/torch_train_fairscale.jsonnet", "-i",
@@ -109,9 +132,14 @@ def main() -> None:
         "runs": results,
     }  # fmt: skip
     for label, command in commands.items():
+        if label in profiles:
+            profiler = ["-m", "cProfile", "-o", f"{profiles[label]}.prof"]
+            command = [command[0], *profiler, *command[1:]]
         seconds, code, output = run(
             [*command, *(f"-D{d}" for d in defines)], args.work / f"{label}.log", args.timeout_s
         )
+        if label in profiles and Path(f"{profiles[label]}.prof").is_file():
+            write_profile_summary(profiles[label])
         rate = steps_per_second(output)
         results.append(
             {
