@@ -12,8 +12,9 @@
 # results. BENCH_TOTAL_S (default 540) bounds the whole call: suites share what is left after
 # setup in proportion to their nominal seconds, and each one's commands stop by then. Also:
 # BENCH_COMMIT (the commit measured, when the copy has no .git), BENCH_PROFILE=1 (torch-train:
-# each command under cProfile, the top functions in SUITE/profile/; its rates are not figures),
-# BENCH_TINY=1 (CPU smoke test: --tiny sizes, GPU counts not checked), BENCH_SKIP_INSTALL=1, PYTHON.
+# each command's main process under cProfile, the top functions in SUITE/profile/; its rates are
+# not figures), BENCH_TINY=1 (CPU smoke test: --tiny sizes, GPU counts not checked),
+# BENCH_SKIP_INSTALL=1, PYTHON.
 #
 # Suites (name | GPUs | nominal seconds | the figure it produces); `gpu.sh --list` and
 # benchmarks/index.py read these lines:

@@ -92,8 +92,8 @@ def main() -> None:
     parser.add_argument(
         "--profile",
         type=Path,
-        help="also run each command under cProfile (slower: its rates are not the figures); "
-        "writes LABEL.prof and LABEL.txt (functions by own time) into this folder",
+        help="run each command's main process under cProfile (slower: its rates are not the "
+        "figures); writes LABEL.prof and LABEL.txt (functions by own and cumulative time) here",
     )
     args = parser.parse_args()
     from tango_fairscale.model.causal_lm import ModelWrapper
@@ -108,11 +108,8 @@ def main() -> None:
                f"precision={args.precision}", f"train_steps={steps}", f"limit={limit}",
                f"batch_size={args.batch_size}", "device_count=1", "lr=1e-4"]  # fmt: skip
     tango = [sys.executable, "-m", "tango", "--file-friendly-logging", "run"]
-    profiles = {}
-    if args.profile is not None:  # both steps train in the command's own process (one device)
+    if args.profile is not None:
         args.profile.mkdir(parents=True, exist_ok=True)
-        for label in ("torch::train", "tango_fairscale::train"):
-            profiles[label] = args.profile / label.replace("::", "-")
     padded = '{"steps.trained_model.pack_sequences": false}'
     commands = {
         "torch::train": [*tango, "examples/torch_train_fairscale.jsonnet", "-i",
@@ -132,14 +129,14 @@ def main() -> None:
         "runs": results,
     }  # fmt: skip
     for label, command in commands.items():
-        if label in profiles:
-            profiler = ["-m", "cProfile", "-o", f"{profiles[label]}.prof"]
-            command = [command[0], *profiler, *command[1:]]
+        profile = None if args.profile is None else args.profile / label.replace("::", "-")
+        if profile is not None:
+            command = [command[0], "-m", "cProfile", "-o", f"{profile}.prof", *command[1:]]
         seconds, code, output = run(
             [*command, *(f"-D{d}" for d in defines)], args.work / f"{label}.log", args.timeout_s
         )
-        if label in profiles and Path(f"{profiles[label]}.prof").is_file():
-            write_profile_summary(profiles[label])
+        if profile is not None and Path(f"{profile}.prof").is_file():
+            write_profile_summary(profile)
         rate = steps_per_second(output)
         results.append(
             {

@@ -7,7 +7,7 @@ Tests that need it fail, never skip, when it is missing.
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import pytest
@@ -175,21 +175,40 @@ WEIGHT_ATOL = 1e-5
 STRAY_SHARE, STRAY_ATOL = 1e-5, 1e-3
 
 
-def assert_same_weights(expected: Mapping[str, torch.Tensor], got: Mapping[str, torch.Tensor]):
+def assert_close_by_key(
+    got: Mapping[str, torch.Tensor],
+    want: Mapping[str, torch.Tensor],
+    keys: Iterable[str] | None = None,
+    rtol: float = 0.0,
+    atol: float = 0.0,
+) -> None:
+    """``got[key]`` equals ``want[key]`` within the tolerances (bitwise by default) for every key
+    of ``keys`` (default: all of ``want``'s); a failure names the key and torch's details."""
+    for key in want if keys is None else keys:
+        torch.testing.assert_close(
+            got[key], want[key], rtol=rtol, atol=atol, msg=lambda d, key=key: f"{key}: {d}"
+        )
+
+
+def assert_same_weights(
+    expected: Mapping[str, torch.Tensor], got: Mapping[str, torch.Tensor], context: str = ""
+) -> None:
     """The same keys, and every tensor within ``WEIGHT_ATOL`` but for at most ``STRAY_SHARE`` of
     its elements, which stay within ``STRAY_ATOL``. Why the strays: Adam divides each element's
     step by that element's own gradient scale, so an element whose gradient is as small as the
     rounding of another summation order (micro-batches, shards, a reordered kernel) can step
-    differently — one element of a 1.6M-element embedding, 1.6e-5 apart after 10 steps, has
-    been seen. A wrong reduction or a lost update moves far more elements than that."""
-    assert expected.keys() == got.keys()
+    differently (the pipe on the gemma3_text family can leave one element of its 1.6M-element
+    embedding 1.6e-5 from DDP after 10 steps). A wrong reduction or a lost update moves far more
+    elements than that. ``context`` (a family's name, say) starts a failure's message."""
+    assert expected.keys() == got.keys(), context
+    prefix = f"{context} " if context else ""
     for key, want in expected.items():
         difference = (got[key].double() - want.double()).abs()
         strays = int((difference > WEIGHT_ATOL).sum())
         allowed = max(1, int(STRAY_SHARE * want.numel()))
         worst = float(difference.max()) if difference.numel() else 0.0
         assert strays <= allowed and worst <= STRAY_ATOL, (
-            f"{key}: {strays} of {want.numel()} elements differ by more than {WEIGHT_ATOL} "
+            f"{prefix}{key}: {strays} of {want.numel()} elements differ by more than {WEIGHT_ATOL} "
             f"(at most {allowed} may, by up to {STRAY_ATOL}); the largest difference is {worst}"
         )
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import save_tiny_gpt2, train_in
+from conftest import assert_close_by_key, save_tiny_gpt2, train_in
 
 from tango_fairscale.cli import main
 from tango_fairscale.train.loop import FINAL_WEIGHTS
@@ -98,10 +98,7 @@ def test_export_equals_the_runs_final_weights(
     final = torch.load(work_dir / FINAL_WEIGHTS, weights_only=True)  # the loop's own, gathered
     exported = {f"model.{key}": value for key, value in model.state_dict().items()}
     assert exported.keys() == final.keys()
-    for key, value in final.items():
-        torch.testing.assert_close(
-            exported[key], value, rtol=0, atol=0, msg=lambda detail, key=key: f"{key}: {detail}"
-        )
+    assert_close_by_key(exported, final)
     assert (tmp_path / "hf" / "tokenizer.json").is_file()
 
 

@@ -51,7 +51,7 @@ def test_a_bf16_checkpoint_is_loaded_with_fp32_master_weights(
 def test_a_bf16_checkpoint_trains_like_its_fp32_copy(tmp_path, tokenizer_dir, piqa_small) -> None:
     """4 steps at 32-true: the same fp32 weights, bit for bit, whether the checkpoint stored the
     (bf16-representable) weights in bf16 or in fp32."""
-    from conftest import train_tiny
+    from conftest import assert_close_by_key, train_tiny
 
     fp32 = tmp_path / "fp32"
     model = ModelWrapper(str(save_family(tmp_path / "llama", "llama", tokenizer_dir)))
@@ -65,11 +65,8 @@ def test_a_bf16_checkpoint_trains_like_its_fp32_copy(tmp_path, tokenizer_dir, pi
 
     a = train_tiny(tmp_path / "wa", bf16, piqa_small, train_steps=4).state_dict()
     b = train_tiny(tmp_path / "wb", fp32, piqa_small, train_steps=4).state_dict()
-    for key in b:
-        assert a[key].dtype == torch.float32, key
-        torch.testing.assert_close(
-            a[key], b[key], rtol=0, atol=0, msg=lambda detail, key=key: f"{key}: {detail}"
-        )
+    assert all(value.dtype == torch.float32 for value in a.values())
+    assert_close_by_key(a, b)
 
 
 @pytest.mark.parametrize("family", ["gpt2", "gemma2"])

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import engine_config
+from conftest import assert_close_by_key, engine_config
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="16-mixed needs a GPU")
 
@@ -58,14 +58,7 @@ def test_fp16_overflow_skips_the_step_and_logs_it(
         assert engine.grad_scaler.get_scale() == scale / 2
         assert "fp16 gradient overflow: optimizer step skipped" in caplog.text
         unchanged = engine.full_model_state()
-        for key, value in before.items():
-            torch.testing.assert_close(
-                unchanged[key],
-                value,
-                rtol=0,
-                atol=0,
-                msg=lambda detail, key=key: f"{key}: {detail}",
-            )
+        assert_close_by_key(unchanged, before)
 
         one_step(engine, batch, 1.0)
         assert engine.skipped_steps == 1

@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_same_run, assert_same_training, train_in, train_tiny, training_queries
+from conftest import (
+    assert_close_by_key,
+    assert_same_run,
+    assert_same_training,
+    train_in,
+    train_tiny,
+    training_queries,
+)
 from helpers.families import FAMILY_CONFIGS, VOCAB, save_tiny_model
 from helpers.parity import DDP, DDP_20, RunSpec, define, run_param, trains
 from tango.common import Lazy, Params
@@ -103,14 +110,8 @@ def test_forward_equals_model_wrapper(
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
             expected = reference(**batch)
         outputs = built.forward_eval(batch)
-        for key in ("loss", "loglikelihood", "num_tokens"):
-            torch.testing.assert_close(
-                outputs[key],
-                expected[key],
-                rtol=1e-6,
-                atol=1e-6,
-                msg=lambda detail, key=key: f"{key}: {detail}",
-            )
+        keys = ("loss", "loglikelihood", "num_tokens")
+        assert_close_by_key(outputs, expected, keys, rtol=1e-6, atol=1e-6)
 
 
 def engine(tmp_path: Path, model_dir: Path, world_size: int = 1, **params) -> PipeEngine:

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import REPO_ROOT, engine_config, train_in, training_queries
+from conftest import REPO_ROOT, assert_close_by_key, engine_config, train_in, training_queries
 from tango.common import DatasetDict, Lazy, Params
 from tango.common.exceptions import ConfigurationError
 from tango.integrations.torch import DataLoader, Model, TrainCallback, TrainingEngine
@@ -174,17 +174,14 @@ def ours(tmp_path_factory, tiny_model_dir: Path, piqa_small):
     return run
 
 
-def assert_same_weights(result: ModelWrapper, work_dir: Path, reference: dict) -> None:
+def assert_bitwise_same_weights(result: ModelWrapper, work_dir: Path, reference: dict) -> None:
     assert type(result) is ModelWrapper  # not the engine's FSDP / FSDP2 / Pipe wrapper
     state = result.state_dict()
     assert state.keys() == reference.keys()
     assert torch.load(work_dir / "weights.pt", weights_only=True).keys() == reference.keys()
-    for key, value in reference.items():
-        # Bitwise: the same batches through the same engine code (measured: 0.0 for every engine
-        # at 1 process, and for fairscale at 2 across a crash and resume).
-        torch.testing.assert_close(
-            state[key], value, rtol=0, atol=0, msg=lambda details, key=key: f"{key}: {details}"
-        )
+    # Bitwise: the same batches through the same engine code (measured: 0.0 for every engine at
+    # 1 process, and for fairscale at 2 across a crash and resume).
+    assert_close_by_key(state, reference)
 
 
 #: One engine in the default tier, the others in the slow one.
@@ -201,7 +198,7 @@ def test_one_process_matches_our_step(
     engine: str, ours, tmp_path: Path, tiny_model_dir: Path, piqa_small
 ) -> None:
     result, work_dir = torch_train(tmp_path, tiny_model_dir, piqa_small, engine, 1)
-    assert_same_weights(result, work_dir, ours(engine, 1))
+    assert_bitwise_same_weights(result, work_dir, ours(engine, 1))
     untrained = ModelWrapper(str(tiny_model_dir)).state_dict()  # the comparison can fail
     assert any(
         not torch.allclose(untrained[k], v, atol=1e-4) for k, v in result.state_dict().items()
@@ -214,7 +211,7 @@ def test_resumes_its_own_checkpoint(ours, tmp_path: Path, tiny_model_dir: Path, 
         tmp_path, tiny_model_dir, piqa_small, engine, 1, validate=True, crash_after=3
     )
     assert (work_dir / "resumed-at").read_text() == "2"  # the checkpoint of step 2, not the start
-    assert_same_weights(result, work_dir, ours(engine, 1))
+    assert_bitwise_same_weights(result, work_dir, ours(engine, 1))
 
 
 def test_refuses_accuracy_validation(tmp_path: Path, tiny_model_dir: Path, piqa_small) -> None:
@@ -258,7 +255,7 @@ def test_two_processes_match_our_step_across_a_resume(
     finally:
         teardown_logging()
     assert (work_dir / "resumed-at").read_text() == "2"
-    assert_same_weights(result, work_dir, ours(engine, 2))
+    assert_bitwise_same_weights(result, work_dir, ours(engine, 2))
 
 
 @pytest.mark.slow
