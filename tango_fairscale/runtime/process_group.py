@@ -29,15 +29,16 @@ def join_process_group(
         torch.cuda.set_device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"
     rank, world_size = train_config.worker_id, train_config.world_size
+    if not train_config.is_distributed:  # alone: meet in memory, not at a port
+        store = dist.HashStore()
     if store is not None:
         dist.init_process_group(
             backend, store=store, world_size=world_size, rank=rank, timeout=timeout
         )
         return
-    port = train_config.distributed_port if train_config.is_distributed else free_port()
     dist.init_process_group(
         backend,
-        init_method=f"tcp://{train_config.distributed_address}:{port}",
+        init_method=f"tcp://{train_config.distributed_address}:{train_config.distributed_port}",
         world_size=world_size,
         rank=rank,
         timeout=timeout,

@@ -24,12 +24,14 @@ def run_workers(
 
     The signal ``forward`` received here is passed on to every worker. A worker that dies or
     raises stops the others at once: :class:`WorkerFailed` names it and its signal, exit code or
-    the last line of its error.
+    the last line of its error. Unless ``OMP_NUM_THREADS`` says otherwise, each worker takes its
+    share of this machine's cores for torch's intra-op threads (as torchrun sets one thread), so
+    that ``nprocs`` workers do not oversubscribe the cores.
     """
     import torch.multiprocessing as mp
 
     context = mp.start_processes(
-        _entry, args=(worker, args), nprocs=nprocs, join=False, start_method="spawn"
+        _entry, args=(worker, args, nprocs), nprocs=nprocs, join=False, start_method="spawn"
     )
 
     def alive() -> list[int]:
@@ -49,7 +51,11 @@ def run_workers(
         raise WorkerFailed(f"training process {error.error_index} failed: {last}") from None
 
 
-def _entry(rank: int, worker: Callable[..., None], args: tuple[Any, ...]) -> None:
+def _entry(rank: int, worker: Callable[..., None], args: tuple[Any, ...], nprocs: int) -> None:
+    if "OMP_NUM_THREADS" not in os.environ:
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // nprocs))
     if os.environ.get(EnvVarNames.LOGGING_PORT.value):
         # Under `tango run`: send this worker's log records to the main process.
         initialize_worker_logging(rank)
