@@ -144,7 +144,6 @@ def train_in(
     from tango.common import Lazy, Params
     from tango.integrations.torch import Model, TrainConfig, TrainingEngine
 
-    from tango_fairscale.runtime.process_group import free_port
     from tango_fairscale.tasks.lm_eval import TaskSpec, load_tasks, training_pairs
     from tango_fairscale.train.loop import TrainPlan
     from tango_fairscale.train.step import run_training
@@ -158,7 +157,7 @@ def train_in(
         log_every=1,
         is_distributed=device_count > 1,
         devices=[-1] * device_count,
-        distributed_port=free_port(),
+        distributed_port=0,  # run_training binds a free one
         world_size=device_count,
     )
     model = Lazy(Model, Params({"type": "tango_fairscale::causal_lm", "model": str(model_dir)}))

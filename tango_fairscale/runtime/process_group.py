@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
+from collections.abc import Iterator
 from datetime import timedelta
 
 import torch
@@ -41,6 +43,37 @@ def join_process_group(
         init_method=f"tcp://{train_config.distributed_address}:{train_config.distributed_port}",
         world_size=world_size,
         rank=rank,
+        timeout=timeout,
+    )
+
+
+@contextlib.contextmanager
+def hosted_store(train_config: TrainConfig) -> Iterator[None]:
+    """Hold here, while the block runs, the store in which the processes this one spawns for
+    ``train_config``'s job meet (:func:`spawned_store`). Its port is bound before they start, so
+    no other program can take it meanwhile; ``distributed_port`` 0 binds a free one, and the
+    config then holds the port bound."""
+    store = dist.TCPStore(
+        train_config.distributed_address,
+        train_config.distributed_port,
+        train_config.world_size,
+        is_master=True,
+        wait_for_workers=False,
+    )
+    train_config.distributed_port = store.port
+    try:
+        yield
+    finally:
+        del store
+
+
+def spawned_store(train_config: TrainConfig, timeout: timedelta) -> dist.Store:
+    """A spawned process's connection to the store its parent holds (:func:`hosted_store`)."""
+    return dist.TCPStore(
+        train_config.distributed_address,
+        train_config.distributed_port,
+        train_config.world_size,
+        is_master=False,
         timeout=timeout,
     )
 

@@ -19,7 +19,7 @@ from tango.integrations.torch import Model, TrainCallback, TrainConfig, Training
 
 from ..model.causal_lm import packing_refusal
 from ..parallel.engine import Engine
-from ..runtime.process_group import join_process_group, leave_process_group
+from ..runtime.process_group import join_process_group, leave_process_group, spawned_store
 from ..tasks.lm_eval import TaskSpec
 from .run import FINAL_WEIGHTS, TrainingRun
 
@@ -68,6 +68,13 @@ def train_worker(rank: int, plan: TrainPlan, store: dist.Store | None = None) ->
         train(build_engine(plan), plan)
     finally:
         leave_process_group()
+
+
+def spawned_worker(rank: int, plan: TrainPlan) -> None:
+    """:func:`train_worker` in a process spawned by ``run_training``, which holds the store the
+    processes meet in (:func:`~tango_fairscale.runtime.process_group.hosted_store`)."""
+    timeout = timedelta(seconds=plan.collective_timeout_s)
+    train_worker(rank, plan, spawned_store(plan.config, timeout))
 
 
 def build_engine(plan: TrainPlan) -> Engine:

@@ -19,14 +19,14 @@ from ..model.causal_lm import ModelWrapper
 from ..model.fingerprint import FingerprintedLazy
 from ..runtime import launcher
 from ..runtime.devices import job_devices
-from ..runtime.process_group import free_port
+from ..runtime.process_group import hosted_store
 from ..runtime.signals import PREEMPTION_SIGNALS
 from ..runtime.spawn import WorkerFailed, run_workers
 from ..tasks.lm_eval import TaskSpec, load_tasks, training_pairs
 from .checkpoints import TrainingStopped, resume_hint
 from .format import ModelFormat
 from .log import TRAINING_LOG, read_training_log
-from .loop import FINAL_WEIGHTS, TrainPlan, train_worker
+from .loop import FINAL_WEIGHTS, TrainPlan, spawned_worker, train_worker
 
 
 @Step.register("tango_fairscale::train")
@@ -181,7 +181,7 @@ class TrainStep(Step[ModelWrapper]):
             validate_every=validate_every,
             is_distributed=device_count > 1,
             devices=devices,
-            distributed_port=distributed_port or free_port(),
+            distributed_port=distributed_port or 0,  # 0: a free port, bound before the spawn
             world_size=device_count,
         )
         run_training(
@@ -255,7 +255,8 @@ def run_training(plan: TrainPlan) -> None:
         train_worker(0, plan)
     else:
         try:
-            run_workers(train_worker, (plan,), plan.config.world_size, plan.preemption_signal)
+            with hosted_store(plan.config):
+                run_workers(spawned_worker, (plan,), plan.config.world_size, plan.preemption_signal)
         except WorkerFailed as error:
             hint = f"; {resume_hint(plan.checkpoints)}" if "died" in str(error) else ""
             raise TrainingStopped(f"{error}{hint}") from None

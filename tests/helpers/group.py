@@ -54,7 +54,7 @@ def train_many(plans: dict[str, Any], timeout_s: float = 600.0) -> dict[str, Tra
     error of a run that failed."""
     import signal
 
-    from tango_fairscale.runtime.process_group import free_port
+    from tango_fairscale.runtime.process_group import hosted_store
     from tango_fairscale.runtime.spawn import WorkerFailed, run_workers
 
     world_sizes = {plan.config.world_size for plan in plans.values()}
@@ -63,17 +63,18 @@ def train_many(plans: dict[str, Any], timeout_s: float = 600.0) -> dict[str, Tra
     results: dict[str, TrainedRun | str] = {}
     pending = list(plans)
     while pending:
-        port = free_port()  # a new group meets at a new port
         for name in pending:
             plans[name].config.work_dir.mkdir(parents=True, exist_ok=True)
-            plans[name].config.distributed_port = port
         group = [(name, plans[name]) for name in pending]
         failure = None
         try:
             if world_size == 1:
                 _group_worker(0, group, timeout_s)  # here: nothing to import
             else:
-                run_workers(_group_worker, (group, timeout_s), world_size, signal.SIGTERM)
+                first = group[0][1].config
+                first.distributed_port = 0
+                with hosted_store(first):  # a new group meets in a new store
+                    run_workers(_group_worker, (group, timeout_s), world_size, signal.SIGTERM)
         except WorkerFailed as error:
             failure = str(error)
         except Exception as error:  # world size 1: the run's own exception
@@ -110,14 +111,20 @@ def _group_worker(rank: int, group: list[tuple[str, Any]], timeout_s: float) -> 
     import torch
     import torch.distributed as dist
 
-    from tango_fairscale.runtime.process_group import join_process_group, leave_process_group
+    from tango_fairscale.runtime.process_group import (
+        join_process_group,
+        leave_process_group,
+        spawned_store,
+    )
     from tango_fairscale.train.loop import build_engine, train
 
     first = group[0][1].config
     first.worker_id = rank
     if first.world_size > 1:  # one intra-op thread per core, as torchrun sets
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // first.world_size))
-    join_process_group(first, timedelta(seconds=timeout_s))
+    timeout = timedelta(seconds=timeout_s)
+    store = spawned_store(first, timeout) if first.world_size > 1 else None
+    join_process_group(first, timeout, store)
     try:
         for _, plan in group:
             config = plan.config
