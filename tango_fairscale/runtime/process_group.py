@@ -31,7 +31,7 @@ def join_process_group(
         torch.cuda.set_device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"
     rank, world_size = train_config.worker_id, train_config.world_size
-    if not train_config.is_distributed:  # alone: meet in memory, not at a port
+    if store is None and not train_config.is_distributed:  # alone: meet in memory, not at a port
         store = dist.HashStore()
     if store is not None:
         dist.init_process_group(

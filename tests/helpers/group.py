@@ -15,7 +15,6 @@ configuration fails one test.
 
 from __future__ import annotations
 
-import os
 import traceback
 from dataclasses import dataclass
 from datetime import timedelta
@@ -120,8 +119,6 @@ def _group_worker(rank: int, group: list[tuple[str, Any]], timeout_s: float) -> 
 
     first = group[0][1].config
     first.worker_id = rank
-    if first.world_size > 1:  # one intra-op thread per core, as torchrun sets
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // first.world_size))
     timeout = timedelta(seconds=timeout_s)
     store = spawned_store(first, timeout) if first.world_size > 1 else None
     join_process_group(first, timeout, store)
