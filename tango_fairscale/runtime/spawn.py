@@ -1,10 +1,10 @@
-"""One process per device on this machine: spawned, watched, stopped together."""
+"""One process per device on this machine: started, watched, stopped together."""
 
 from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tango.common.aliases import EnvVarNames
@@ -14,24 +14,41 @@ from .signals import forwarded_to
 
 
 class WorkerFailed(RuntimeError):
-    """A spawned process died or raised; the others were stopped. The message is one line."""
+    """A worker process died or raised; the others were stopped. The message is one line."""
 
 
 def run_workers(
-    worker: Callable[..., None], args: tuple[Any, ...], nprocs: int, forward: signal.Signals
+    worker: Callable[..., None],
+    args: tuple[Any, ...],
+    nprocs: int,
+    forward: signal.Signals,
+    preload: Sequence[str] = (),
 ) -> None:
-    """Run ``worker(rank, *args)`` in ``nprocs`` spawned processes until all have returned.
+    """Run ``worker(rank, *args)`` in ``nprocs`` worker processes until all have returned.
+
+    The workers are forked from a server process (multiprocessing's ``forkserver``) that imports
+    the modules ``preload`` names once, so a worker starts without importing torch, transformers
+    and Tango again; the server starts on this process's first call (that call's ``preload``
+    stays) and never touches a GPU. Each worker runs with this process's environment as it is at
+    the call.
 
     The signal ``forward`` received here is passed on to every worker. A worker that dies or
     raises stops the others at once: :class:`WorkerFailed` names it and its signal, exit code or
-    the last line of its error. Unless ``OMP_NUM_THREADS`` says otherwise, each worker takes its
-    share of this machine's cores for torch's intra-op threads (as torchrun sets one thread), so
-    that ``nprocs`` workers do not oversubscribe the cores.
+    the last line of its error. Each worker takes the ``OMP_NUM_THREADS`` intra-op threads or,
+    unset, its share of this machine's cores (as torchrun sets one thread), so that ``nprocs``
+    workers do not oversubscribe the cores.
     """
+    import multiprocessing
+
     import torch.multiprocessing as mp
 
+    multiprocessing.set_forkserver_preload([*preload, worker.__module__])
     context = mp.start_processes(
-        _entry, args=(worker, args, nprocs), nprocs=nprocs, join=False, start_method="spawn"
+        _entry,
+        args=(worker, args, nprocs, dict(os.environ)),
+        nprocs=nprocs,
+        join=False,
+        start_method="forkserver",
     )
 
     def alive() -> list[int]:
@@ -51,11 +68,21 @@ def run_workers(
         raise WorkerFailed(f"training process {error.error_index} failed: {last}") from None
 
 
-def _entry(rank: int, worker: Callable[..., None], args: tuple[Any, ...], nprocs: int) -> None:
-    if "OMP_NUM_THREADS" not in os.environ:
-        import torch
+def _entry(
+    rank: int,
+    worker: Callable[..., None],
+    args: tuple[Any, ...],
+    nprocs: int,
+    environ: Mapping[str, str],
+) -> None:
+    import torch
 
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // nprocs))
+    # The server's environment is the one of its start: take the caller's of now.
+    os.environ.clear()
+    os.environ.update(environ)
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    share = max(1, (os.cpu_count() or 1) // nprocs)
+    torch.set_num_threads(int(threads) if threads.isdigit() and int(threads) > 0 else share)
     if os.environ.get(EnvVarNames.LOGGING_PORT.value):
         # Under `tango run`: send this worker's log records to the main process.
         initialize_worker_logging(rank)

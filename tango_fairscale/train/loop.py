@@ -44,7 +44,7 @@ class TrainPlan:
     collective_timeout_s: float = 600.0
     #: ``None``: packed where the engine takes packed batches (:func:`build_engine` decides).
     pack_sequences: bool | None = False
-    #: Modules that register the model's and engine's types: spawned processes import them.
+    #: Modules that register the model's and engine's types: worker processes import them.
     component_modules: tuple[str, ...] = ()
     callbacks: list[Lazy[TrainCallback]] = field(default_factory=list)
     #: The Tango workspace the step runs in (for callbacks).

@@ -256,7 +256,13 @@ def run_training(plan: TrainPlan) -> None:
     else:
         try:
             with hosted_store(plan.config):
-                run_workers(spawned_worker, (plan,), plan.config.world_size, plan.preemption_signal)
+                run_workers(
+                    spawned_worker,
+                    (plan,),
+                    plan.config.world_size,
+                    plan.preemption_signal,
+                    preload=plan.component_modules,
+                )
         except WorkerFailed as error:
             hint = f"; {resume_hint(plan.checkpoints)}" if "died" in str(error) else ""
             raise TrainingStopped(f"{error}{hint}") from None

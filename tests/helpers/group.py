@@ -73,7 +73,13 @@ def train_many(plans: dict[str, Any], timeout_s: float = 600.0) -> dict[str, Tra
                 first = group[0][1].config
                 first.distributed_port = 0
                 with hosted_store(first):  # a new group meets in a new store
-                    run_workers(_group_worker, (group, timeout_s), world_size, signal.SIGTERM)
+                    run_workers(
+                        _group_worker,
+                        (group, timeout_s),
+                        world_size,
+                        signal.SIGTERM,
+                        preload=("tango_fairscale.train.loop", *group[0][1].component_modules),
+                    )
         except WorkerFailed as error:
             failure = str(error)
         except Exception as error:  # world size 1: the run's own exception

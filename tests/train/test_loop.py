@@ -79,8 +79,12 @@ def start_and_wait_for_a_checkpoint(command: list[str], workspace: Path) -> subp
 
 
 def workers_of(pid: int) -> list[int]:
-    """Process ids of the training workers spawned by ``pid``."""
-    return child_processes(pid, b"spawn_main")
+    """Process ids of the training workers started by ``pid`` (children of its fork server)."""
+    return [
+        worker
+        for server in child_processes(pid, b"multiprocessing.forkserver")
+        for worker in child_processes(server, b"multiprocessing.forkserver")
+    ]
 
 
 def assert_resumes_to_the_reference(workspace: Path, model: Path, piqa_small, reference) -> None:
