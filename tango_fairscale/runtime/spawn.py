@@ -75,11 +75,12 @@ def _entry(
     nprocs: int,
     environ: Mapping[str, str],
 ) -> None:
-    import torch
-
-    # The server's environment is the one of its start: take the caller's of now.
+    # The server's environment is the one of its start: take the caller's of now (before any
+    # import the server did not preload reads it).
     os.environ.clear()
     os.environ.update(environ)
+    import torch
+
     threads = os.environ.get("OMP_NUM_THREADS", "")
     share = max(1, (os.cpu_count() or 1) // nprocs)
     torch.set_num_threads(int(threads) if threads.isdigit() and int(threads) > 0 else share)
