@@ -75,10 +75,7 @@ def _entry(
     nprocs: int,
     environ: Mapping[str, str],
 ) -> None:
-    # The server's environment is the one of its start: take the caller's of now (before any
-    # import the server did not preload reads it).
-    os.environ.clear()
-    os.environ.update(environ)
+    _take_environment(environ)
     import torch
 
     threads = os.environ.get("OMP_NUM_THREADS", "")
@@ -88,3 +85,29 @@ def _entry(
         # Under `tango run`: send this worker's log records to the main process.
         initialize_worker_logging(rank)
     worker(rank, *args)
+
+
+def _take_environment(environ: Mapping[str, str]) -> None:
+    """Make the caller's environment of the call this worker's, also where a module the server
+    preloaded read it at import: Tango's logging settings (the log socket a worker under
+    ``tango run`` reports to) and Hugging Face's offline flag, parsed as those modules parse them.
+    """
+    import huggingface_hub.constants as hub
+    import tango.common.logging as tango_logging
+    from tango.common.util import _parse_bool, _parse_optional_int
+
+    os.environ.clear()
+    os.environ.update(environ)
+    tango_logging.TANGO_LOG_LEVEL = environ.get(EnvVarNames.LOG_LEVEL.value)
+    tango_logging.FILE_FRIENDLY_LOGGING = _parse_bool(
+        environ.get(EnvVarNames.FILE_FRIENDLY_LOGGING.value, False)
+    )
+    tango_logging.TANGO_CLI_LOGGER_ENABLED = _parse_bool(
+        environ.get(EnvVarNames.CLI_LOGGER_ENABLED.value, False)
+    )
+    tango_logging._LOGGING_PREFIX = environ.get(EnvVarNames.LOGGING_PREFIX.value, "")
+    tango_logging._LOGGING_HOST = environ.get(EnvVarNames.LOGGING_HOST.value, "localhost")
+    tango_logging._LOGGING_PORT = _parse_optional_int(environ.get(EnvVarNames.LOGGING_PORT.value))
+    hub.HF_HUB_OFFLINE = hub._is_true(
+        environ.get("HF_HUB_OFFLINE") or environ.get("TRANSFORMERS_OFFLINE")
+    )

@@ -43,3 +43,30 @@ def test_workers_forked_from_the_server_use_the_gpu(tmp_path: Path) -> None:
         record_cuda_sum, (tmp_path,), 2, signal.SIGTERM, preload=("tango_fairscale.train.loop",)
     )
     assert [(tmp_path / f"rank{r}").read_text() for r in range(2)] == ["6.0 True"] * 2
+
+
+def record_settings_read_at_import(rank: int, directory: Path) -> None:
+    import huggingface_hub.constants
+    import tango.common.logging
+
+    port = tango.common.logging._LOGGING_PORT
+    offline = huggingface_hub.constants.HF_HUB_OFFLINE
+    (directory / f"rank{rank}").write_text(f"{port} {offline}")
+
+
+def test_workers_take_the_environment_of_the_call_not_of_the_server_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A setting the server's preloaded modules read at import follows the caller's environment:
+    here Tango's log socket (as ``tango run`` sets it after the server may have started) and
+    Hugging Face's offline flag."""
+    monkeypatch.delenv("TANGO_LOGGING_PORT", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    run_workers(record_settings_read_at_import, (tmp_path,), 1, signal.SIGTERM)
+    assert (tmp_path / "rank0").read_text() == "None False"
+
+    monkeypatch.setenv("TANGO_LOGGING_PORT", "65000")  # nothing listens: records are dropped
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    run_workers(record_settings_read_at_import, (tmp_path,), 2, signal.SIGTERM)
+    assert [(tmp_path / f"rank{r}").read_text() for r in range(2)] == ["65000 True"] * 2
