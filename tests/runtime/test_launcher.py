@@ -2,11 +2,12 @@
 
 Each "node" is a real ``torchrun --nnodes 2 --node-rank N`` process on 127.0.0.1 (gloo on CPU):
 
-* ``engine=fairscale`` and ``engine=fsdp2`` on two nodes of one process end with the weights of the
-  single-node two-process ``tango run`` (within 1e-5), and the workspace holds one completed run
-  with its metrics;
-* SIGTERM to both torchrun agents mid-training (as a cluster's preemption): every rank checkpoints
-  and stops; the same two commands again resume and end with the uninterrupted run's weights;
+* ``engine=fsdp2`` on two nodes of one process ends with the weights of the single-node
+  two-process ``tango run`` (within 1e-5), and the workspace holds one completed run with its
+  metrics;
+* ``engine=fairscale``: SIGTERM to both torchrun agents mid-training (as a cluster's preemption):
+  every rank checkpoints and stops; the same two commands again resume and end with the
+  single-node run's weights and one completed run with its metrics;
 * SIGKILL of rank 1's worker mid-training: both nodes exit within seconds, and the same commands
   resume from the last checkpoint to the uninterrupted run's weights;
 * ``fsdp2`` with ``hybrid_shard`` on two nodes of two processes (a 2 × 2 mesh) ends with the same
@@ -167,21 +168,26 @@ def single_node_runs(tmp_path_factory, data: tuple[str, ...]) -> dict[str, Path]
     return runs
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("engine", ["fairscale", "fsdp2"])
-def test_two_nodes_train_like_one(
-    engine: str, single_node_runs: dict[str, Path], data: tuple[str, ...], tmp_path: Path
-) -> None:
+def assert_one_completed_run_by_rank_0(workspace: Path, nodes: list[tuple[int, str]]) -> None:
+    """The workspace holds one completed run with its metrics, and only rank 0 ran Tango."""
     from tango_fairscale.results import collect_runs, open_workspace
 
-    workspace = tmp_path / "ws"
-    nodes = torchrun_nodes(workspace, (*data, f"engine={engine}"))
-    assert_succeeded(nodes)
-    assert_same_trained_weights(single_node_runs[engine], workspace)
     [run] = collect_runs(open_workspace(str(workspace)), None)
     assert run.metrics is not None and run.metrics["num_examples"] == 32
-    # Only rank 0 ran Tango: rank 1 printed no step.
-    assert "Finished step" not in nodes[1][1]
+    assert "Finished step" not in nodes[1][1]  # rank 1 printed no step
+
+
+@pytest.mark.slow
+def test_two_nodes_train_like_one(
+    single_node_runs: dict[str, Path], data: tuple[str, ...], tmp_path: Path
+) -> None:
+    """``fsdp2`` here; ``fairscale`` trains on two nodes in the preemption test below, whose
+    resumed job ends with the single-node weights and the same one completed run."""
+    workspace = tmp_path / "ws"
+    nodes = torchrun_nodes(workspace, (*data, "engine=fsdp2"))
+    assert_succeeded(nodes)
+    assert_same_trained_weights(single_node_runs["fsdp2"], workspace)
+    assert_one_completed_run_by_rank_0(workspace, nodes)
 
 
 @pytest.mark.slow
@@ -208,6 +214,7 @@ def test_preempted_nodes_resume_to_the_same_weights(
     assert_succeeded(resumed)
     assert logged_steps(workspace).count(1) == 1  # resumed, not started over
     assert_same_trained_weights(single_node_runs["fairscale"], workspace)
+    assert_one_completed_run_by_rank_0(workspace, resumed)
 
 
 @pytest.mark.slow
