@@ -253,12 +253,6 @@ def gib(n_bytes: float | None) -> float | None:
     return None if n_bytes is None else round(n_bytes / 2**30, 2)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def is_oom(error: BaseException) -> bool:
     import torch
 

@@ -52,6 +52,8 @@ _bench.setup_paths()
 import _train_configs  # noqa: E402
 import _train_launch  # noqa: E402
 
+from tango_fairscale.runtime.process_group import free_port  # noqa: E402
+
 LADDER = [  # name, n_layer, n_embd, n_head
     ("1.5b", 48, 1600, 25), ("2.7b", 32, 2560, 32), ("4b", 40, 2816, 32),
     ("6.7b", 32, 4096, 32), ("8b", 40, 4096, 32), ("10b", 48, 4096, 32),
@@ -278,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
                 "n_params": ladder[i]["n_params"], "batch_size": args.batch_size,
                 "steps": args.steps, "warmup": args.warmup, "seq_len": args.seq_len,
                 "lr": 1e-4, "max_grad_norm": None, "seed": 1, "tokenizer": tokenizer,
-                "init_device": args.init_device, "cuda": cuda, "port": _bench.free_port(),
+                "init_device": args.init_device, "cuda": cuda, "port": free_port(),
             }  # fmt: skip
             timeout = min(args.trial_timeout, deadline - time.perf_counter())
             print(f"=== world {world_size} {name} {names[i]}: start", flush=True)

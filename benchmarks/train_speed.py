@@ -61,6 +61,8 @@ import _train_launch  # noqa: E402
 import _train_pipe  # noqa: E402
 import _train_report  # noqa: E402
 
+from tango_fairscale.runtime.process_group import free_port  # noqa: E402
+
 DEFAULT_BATCH = "124m=16,355m=16,774m=8,1.5b=8,tiny=2"
 
 
@@ -269,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
                     "tokenizer": tokenizer,
                     "init_device": args.init_device,
                     "cuda": cuda,
-                    "port": _bench.free_port(),
+                    "port": free_port(),
                     "pipe": parsed[name].get("pipe"),
                     "pipe_devices": stage_devices if parsed[name]["engine"] == "pipe" else None,
                 }
