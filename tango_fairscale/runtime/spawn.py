@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import select
 import signal
+import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -34,9 +37,10 @@ def run_workers(
 
     The signal ``forward`` received here is passed on to every worker. A worker that dies or
     raises stops the others at once: :class:`WorkerFailed` names it and its signal, exit code or
-    the last line of its error. Each worker takes the ``OMP_NUM_THREADS`` intra-op threads or,
-    unset, its share of this machine's cores (as torchrun sets one thread), so that ``nprocs``
-    workers do not oversubscribe the cores.
+    the last line of its error. A worker dies with this process: one left running would train on
+    unsupervised and write checkpoints beside a rerun's. Each worker takes the
+    ``OMP_NUM_THREADS`` intra-op threads or, unset, its share of this machine's cores (as torchrun
+    sets one thread), so that ``nprocs`` workers do not oversubscribe the cores.
     """
     import multiprocessing
 
@@ -45,7 +49,7 @@ def run_workers(
     multiprocessing.set_forkserver_preload([*preload, worker.__module__])
     context = mp.start_processes(
         _entry,
-        args=(worker, args, nprocs, dict(os.environ)),
+        args=(worker, args, nprocs, dict(os.environ), os.getpid()),
         nprocs=nprocs,
         join=False,
         start_method="forkserver",
@@ -74,7 +78,9 @@ def _entry(
     args: tuple[Any, ...],
     nprocs: int,
     environ: Mapping[str, str],
+    launcher_pid: int,
 ) -> None:
+    _die_with_the_launcher(launcher_pid)
     _take_environment(environ)
     import torch
 
@@ -85,6 +91,39 @@ def _entry(
         # Under `tango run`: send this worker's log records to the main process.
         initialize_worker_logging(rank)
     worker(rank, *args)
+
+
+def _die_with_the_launcher(launcher_pid: int) -> None:
+    """SIGKILL this worker as soon as the launching process exits (a daemon thread waits for it).
+
+    Neither the fork server nor the process group notices: the server outlives the launcher while
+    its workers live, and the workers' collectives run without the launcher.
+    """
+
+    def wait_then_die() -> None:
+        _wait_for_exit(launcher_pid)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=wait_then_die, name="launcher-watch", daemon=True).start()
+
+
+def _wait_for_exit(pid: int) -> None:
+    """Return once process ``pid`` has exited: woken by its pidfd (Linux), else polling."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    except (AttributeError, OSError):  # no pidfds here: poll
+        while True:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(1.0)
+    try:
+        select.select([pidfd], [], [])
+    finally:
+        os.close(pidfd)
 
 
 def _take_environment(environ: Mapping[str, str]) -> None:

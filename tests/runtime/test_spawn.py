@@ -1,9 +1,13 @@
-"""Workers (``runtime.spawn.run_workers``) share the machine's cores and can use its GPU."""
+"""Workers (``runtime.spawn.run_workers``) share the machine's cores, take the caller's environment,
+die with their launcher and can use its GPU."""
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -70,3 +74,51 @@ def test_workers_take_the_environment_of_the_call_not_of_the_server_start(
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     run_workers(record_settings_read_at_import, (tmp_path,), 2, signal.SIGTERM)
     assert [(tmp_path / f"rank{r}").read_text() for r in range(2)] == ["65000 True"] * 2
+
+
+LAUNCHER = """
+import signal, sys
+sys.path.insert(0, {here!r})
+from test_spawn import write_pid_then_sleep
+from tango_fairscale.runtime.spawn import run_workers
+run_workers(write_pid_then_sleep, ({directory!r},), 2, signal.SIGTERM)
+"""
+
+
+def write_pid_then_sleep(rank: int, directory: str) -> None:
+    partial = Path(directory) / f".rank{rank}"
+    partial.write_text(str(os.getpid()))
+    partial.rename(Path(directory) / f"rank{rank}")
+    time.sleep(300)
+
+
+def is_running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def test_workers_die_with_their_launcher(tmp_path: Path) -> None:
+    """The launching process alone SIGKILLed (an out-of-memory kill, say): its workers exit within
+    seconds instead of training on unsupervised beside a rerun."""
+    code = LAUNCHER.format(here=str(Path(__file__).parent), directory=str(tmp_path))
+    launcher = subprocess.Popen([sys.executable, "-c", code])
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(tmp_path.glob("rank*"))) < 2:
+            assert launcher.poll() is None and time.monotonic() < deadline, "no workers started"
+            time.sleep(0.05)
+        workers = [int(path.read_text()) for path in sorted(tmp_path.glob("rank*"))]
+        launcher.kill()
+        launcher.wait()
+        deadline = time.monotonic() + 10
+        while any(is_running(worker) for worker in workers):
+            assert time.monotonic() < deadline, "the workers outlived their launcher"
+            time.sleep(0.05)
+    finally:
+        for worker in workers:
+            if is_running(worker):
+                os.kill(worker, signal.SIGKILL)
