@@ -49,7 +49,7 @@ def run_workers(
     multiprocessing.set_forkserver_preload([*preload, worker.__module__])
     context = mp.start_processes(
         _entry,
-        args=(worker, args, nprocs, dict(os.environ), os.getpid()),
+        args=(worker, args, nprocs, dict(os.environ)),
         nprocs=nprocs,
         join=False,
         start_method="forkserver",
@@ -78,9 +78,8 @@ def _entry(
     args: tuple[Any, ...],
     nprocs: int,
     environ: Mapping[str, str],
-    launcher_pid: int,
 ) -> None:
-    _die_with_the_launcher(launcher_pid)
+    _die_with_the_launcher()
     _take_environment(environ)
     import torch
 
@@ -93,12 +92,18 @@ def _entry(
     worker(rank, *args)
 
 
-def _die_with_the_launcher(launcher_pid: int) -> None:
-    """SIGKILL this worker as soon as the launching process exits (a daemon thread waits for it).
+def _die_with_the_launcher() -> None:
+    """SIGKILL this worker as soon as the launching process (multiprocessing's parent process, not
+    the fork server) exits; a daemon thread waits for it.
 
     Neither the fork server nor the process group notices: the server outlives the launcher while
     its workers live, and the workers' collectives run without the launcher.
     """
+    import multiprocessing
+
+    launcher = multiprocessing.parent_process()
+    assert launcher is not None and launcher.pid is not None, "not a worker process"
+    launcher_pid = launcher.pid
 
     def wait_then_die() -> None:
         _wait_for_exit(launcher_pid)
