@@ -5,9 +5,10 @@ environment variable ``TANGO_FAIRSCALE_SHARED_DATA`` (``.ci/run`` sets it to ``.
 Tests that need it fail, never skip, when it is missing.
 """
 
+import contextlib
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,20 @@ def save_tiny_gpt2(
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> Path:
     return save_tiny_gpt2(tmp_path_factory.mktemp("tiny-gpt2"), tokenizer_dir)
+
+
+@contextlib.contextmanager
+def lm_eval_as_released() -> Iterator[None]:
+    """Within the block, lm-eval renders prompts with its own ``apply_template`` (undoing the
+    package's compile-once fix, ``compat/lm_eval.py``): for the references tests compare with."""
+    from lm_eval import utils
+
+    patched = utils.apply_template
+    utils.apply_template = getattr(patched, "original", patched)
+    try:
+        yield
+    finally:
+        utils.apply_template = patched
 
 
 @pytest.fixture(scope="session")

@@ -203,6 +203,7 @@ def lm_eval_piqa(model_dir: Path, piqa_dir: Path, tmp_path: Path) -> dict[str, A
     official validation files, written in the hub dataset's schema (``goal``, ``sol1``,
     ``sol2``, ``label``)."""
     import lm_eval
+    from conftest import lm_eval_as_released
     from lm_eval.tasks import TaskManager
     from lm_eval.tasks._yaml_loader import load_yaml
 
@@ -221,15 +222,16 @@ def lm_eval_piqa(model_dir: Path, piqa_dir: Path, tmp_path: Path) -> dict[str, A
         training_split=None,
     )
     # logits_cache=False: the true log-likelihoods (see tests/evaluation/test_lm_eval_exact.py).
-    return lm_eval.simple_evaluate(
-        model="hf",
-        model_args=f"pretrained={model_dir},dtype=float32,logits_cache=False",
-        tasks=[config],
-        task_manager=TaskManager(include_defaults=False),
-        device="cpu",
-        batch_size=32,
-        log_samples=True,
-    )
+    with lm_eval_as_released():
+        return lm_eval.simple_evaluate(
+            model="hf",
+            model_args=f"pretrained={model_dir},dtype=float32,logits_cache=False",
+            tasks=[config],
+            task_manager=TaskManager(include_defaults=False),
+            device="cpu",
+            batch_size=32,
+            log_samples=True,
+        )
 
 
 @pytest.mark.slow

@@ -22,6 +22,7 @@ from tango.common.exceptions import ConfigurationError
 
 from .. import compat  # noqa: F401  (Tango fixes)
 from ..checks import did_you_mean, one_line, positive_int
+from ..compat.lm_eval import compile_templates_once
 from ..model.fingerprint import files_fingerprint
 
 logger = logging.getLogger(__name__)
@@ -171,6 +172,7 @@ def load_tasks(spec: TaskSpec) -> TaskDict:
     ``lm_eval.simple_evaluate`` applies them. Raises one-line ``ConfigurationError`` s for an
     unknown name (with the closest), a task that generates text, a dataset that cannot be
     reached offline, a task YAML that does not parse."""
+    compile_templates_once()
     manager, item = _source(spec)
     try:
         loaded = manager.load([item])

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, lm_eval_as_released
 
 from tango_fairscale.evaluation.steps import TaskScoresStep
 from tango_fairscale.model.causal_lm import ModelWrapper
@@ -76,16 +76,17 @@ def reference(model_dir: Path, configs: list[dict], num_fewshot: int, **options:
     model_args = f"pretrained={model_dir},dtype=float32,logits_cache=False"
     for key, value in options.items():
         model_args = model_args.replace("logits_cache=False", f"{key}={value}")
-    return lm_eval.simple_evaluate(
-        model="hf",
-        model_args=model_args,
-        tasks=configs,
-        task_manager=task_manager(),
-        num_fewshot=num_fewshot,
-        device="cpu",
-        batch_size=8,
-        log_samples=True,
-    )
+    with lm_eval_as_released():
+        return lm_eval.simple_evaluate(
+            model="hf",
+            model_args=model_args,
+            tasks=configs,
+            task_manager=task_manager(),
+            num_fewshot=num_fewshot,
+            device="cpu",
+            batch_size=8,
+            log_samples=True,
+        )
 
 
 def ours(model: ModelWrapper, spec: TaskSpec) -> dict:

@@ -1,0 +1,53 @@
+"""lm-eval's prompt templates compiled once (``compat/lm_eval.py``): every fixture task's requests,
+two-shot, and its fine-tuning pairs are the ones lm-eval builds as released; each template string
+is compiled once; lm-eval's strict undefined names and its ``regex_replace`` filter still apply."""
+
+from __future__ import annotations
+
+import sys
+
+import jinja2
+import pytest
+from conftest import REPO_ROOT, lm_eval_as_released
+
+from tango_fairscale.tasks.lm_eval import TaskSpec, load_tasks, training_pairs
+
+sys.path.insert(0, str(REPO_ROOT / "tests" / "fixtures" / "tasks"))
+from lm_eval_fixtures import DATA_DIR, FIXTURES, TASKS  # noqa: E402
+
+
+def requests_and_pairs(task_name: str) -> tuple[list, list]:
+    spec = TaskSpec(name=task_name, data_dir=str(FIXTURES / DATA_DIR[task_name]), num_fewshot=2)
+    task = load_tasks(spec)["tasks"][task_name]
+    task.build_all_requests(limit=8, rank=0, world_size=1)
+    requests = [(r.doc_id, r.idx, r.arguments) for r in task.instances]
+    pairs = training_pairs(task, task_name) if task.has_training_docs() else []
+    return requests, pairs
+
+
+@pytest.mark.parametrize("task_name", TASKS)
+def test_requests_and_pairs_equal_lm_evals_own(task_name: str) -> None:
+    from lm_eval import utils
+
+    got = requests_and_pairs(task_name)
+    assert getattr(utils.apply_template, "compiles_once", False)
+    with lm_eval_as_released():
+        assert not getattr(utils.apply_template, "compiles_once", False)
+        expected = requests_and_pairs(task_name)
+    assert got == expected and got[0]
+
+
+def test_each_template_is_compiled_once_and_keeps_lm_evals_rules() -> None:
+    from lm_eval import utils
+
+    from tango_fairscale.compat.lm_eval import compile_templates_once, compiled_templates
+
+    compile_templates_once()
+    compiled = compiled_templates()
+    compiled.cache_clear()
+    template = "{{ goal | regex_replace('a+', 'A') }}?"
+    rendered = [utils.apply_template(template, {"goal": f"ba{'a' * i}b"}) for i in range(50)]
+    assert rendered == ["bAb?"] * 50
+    assert (compiled.cache_info().misses, compiled.cache_info().hits) == (1, 49)
+    with pytest.raises(jinja2.UndefinedError):
+        utils.apply_template("{{ missing }}", {"goal": "x"})
