@@ -229,7 +229,7 @@ def lm_eval_piqa(model_dir: Path, piqa_dir: Path, tmp_path: Path) -> dict[str, A
             tasks=[config],
             task_manager=TaskManager(include_defaults=False),
             device="cpu",
-            batch_size=32,
+            batch_size=1,  # no padding; on the CPU also the fastest (half the time of 32)
             log_samples=True,
         )
 

@@ -84,7 +84,7 @@ def reference(model_dir: Path, configs: list[dict], num_fewshot: int, **options:
             task_manager=task_manager(),
             num_fewshot=num_fewshot,
             device="cpu",
-            batch_size=8,
+            batch_size=1,  # no padding; on the CPU also the fastest (half the time of 32)
             log_samples=True,
         )
 
