@@ -28,63 +28,6 @@ def _register_components() -> None:
 _register_components()
 
 
-#: The modules with tests that read parity runs (``@pytest.mark.trains``): one unit of work for
-#: pytest-xdist (``scripts/test.sh``), so that one worker trains every run, once.
-PARITY_MODULES = (
-    "tests/parallel/test_ddp.py",
-    "tests/parallel/test_fairscale.py",
-    "tests/parallel/test_fsdp2.py",
-    "tests/parallel/test_pipe.py",
-    "tests/train/test_loop.py",
-)
-#: Units started first (a long unit started last would leave the other core idle meanwhile).
-STARTED_FIRST = (
-    "parity runs",
-    "tests/model/test_families.py",
-    "tests/test_config.py",
-    "tests/runtime/test_launcher.py",
-    "tests/parallel/test_torch_train.py",
-)
-
-
-def unit_of_work(nodeid: str) -> str:
-    """A test's unit of work under pytest-xdist: its module, or "parity runs"."""
-    module = nodeid.split("::")[0]
-    return "parity runs" if module in PARITY_MODULES else module
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Refuse a test that reads parity runs outside ``PARITY_MODULES``; order the tests by
-    ``STARTED_FIRST`` (else as collected)."""
-    for item in items:
-        if item.get_closest_marker("trains") and unit_of_work(item.nodeid) != "parity runs":
-            raise pytest.UsageError(
-                f"{item.nodeid} reads parity runs: add its module to "
-                "PARITY_MODULES in tests/conftest.py"
-            )
-
-    def rank(item: pytest.Item) -> int:
-        unit = unit_of_work(item.nodeid)
-        return STARTED_FIRST.index(unit) if unit in STARTED_FIRST else len(STARTED_FIRST)
-
-    items.sort(key=rank)
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """``--dist loadscope``: a worker takes the next unit (:func:`unit_of_work`) as it finishes
-    one; ``--no-loadscope-reorder`` keeps the order above."""
-    if config.getvalue("dist") != "loadscope":
-        return None
-    from xdist.scheduler import LoadScopeScheduling
-
-    class UnitScheduling(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return unit_of_work(nodeid)
-
-    return UnitScheduling(config, log)
-
-
 def shared_data_dir() -> Path:
     """Directory holding ``piqa/`` and ``gpt2-tokenizer/``."""
     path = Path(os.environ.get("TANGO_FAIRSCALE_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
