@@ -11,14 +11,14 @@ environment (its filters, ``StrictUndefined``): the rendered text is unchanged.
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 #: Distinct template strings kept compiled (a task has a few; a process loads a few tasks).
 TEMPLATES_KEPT = 1024
 
 
 def compile_templates_once() -> None:
-    """Replace ``lm_eval.utils.apply_template`` by one that compiles each template once."""
+    """Replace ``lm_eval.utils.apply_template`` by one that compiles each template once (its
+    ``compiled`` attribute: the ``functools.lru_cache``; ``original``: lm-eval's own)."""
     from lm_eval import utils
 
     original = utils.apply_template
@@ -35,10 +35,3 @@ def compile_templates_once() -> None:
     apply_template.compiled = compiled  # type: ignore[attr-defined]
     apply_template.original = original  # type: ignore[attr-defined]
     utils.apply_template = apply_template  # type: ignore[assignment]
-
-
-def compiled_templates() -> Any:
-    """The ``functools.lru_cache`` of compiled templates (its ``cache_info()``), once applied."""
-    from lm_eval import utils
-
-    return getattr(utils.apply_template, "compiled", None)

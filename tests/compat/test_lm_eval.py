@@ -40,10 +40,10 @@ def test_requests_and_pairs_equal_lm_evals_own(task_name: str) -> None:
 def test_each_template_is_compiled_once_and_keeps_lm_evals_rules() -> None:
     from lm_eval import utils
 
-    from tango_fairscale.compat.lm_eval import compile_templates_once, compiled_templates
+    from tango_fairscale.compat.lm_eval import compile_templates_once
 
     compile_templates_once()
-    compiled = compiled_templates()
+    compiled = utils.apply_template.compiled
     compiled.cache_clear()
     template = "{{ goal | regex_replace('a+', 'A') }}?"
     rendered = [utils.apply_template(template, {"goal": f"ba{'a' * i}b"}) for i in range(50)]
