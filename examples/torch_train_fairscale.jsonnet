@@ -18,7 +18,7 @@ local divisors = std.filter(function(d) train_steps % d == 0, std.range(1, std.m
 
 local loader(shuffle) = {
   batch_size: batch_size / device_count,  // torch::train's batch size is per process
-  collate_fn: { type: 'examples::piqa_training_batches', tokenizer: std.extVar('model') },
+  collate_fn: { type: 'examples::piqa_training_batches', model: std.extVar('model') },
 } + if device_count > 1 then {
   sampler: { type: 'torch::DistributedSampler', shuffle: shuffle, seed: int('seed') },
 } else { shuffle: shuffle };

@@ -15,7 +15,7 @@ from tango.integrations.torch import DataCollator
 
 from tango_fairscale.data.batches import training_batch
 from tango_fairscale.data.queries import encode_pairs
-from tango_fairscale.model.loading import load_tokenizer
+from tango_fairscale.model.loading import context_length, load_config, load_tokenizer
 
 
 @DataCollator.register("examples::piqa_training_batches")
@@ -23,15 +23,15 @@ class PiqaTrainingBatches(DataCollator[dict[str, Any]]):
     """``{"goal", "sol1", "sol2", "label"}`` examples → one batch scoring the correct choice,
     prompted as lm-eval's ``piqa`` task (``"Question: {goal}\\nAnswer:"``, ``" " + sol``).
 
-    :param tokenizer: hub id or directory of the model's tokenizer.
-    :param max_length: the model's context (longer examples are left-truncated).
+    :param model: hub id or directory of the model: its tokenizer encodes the examples, and its
+        context is the longest batch row (longer examples are left-truncated).
     """
 
-    def __init__(self, tokenizer: str, max_length: int = 1024) -> None:
-        self.tokenizer = load_tokenizer(tokenizer)
+    def __init__(self, model: str) -> None:
+        self.tokenizer = load_tokenizer(model)
         # Padding is never attended to or scored: any token id serves.
         self.pad_token_id = self.tokenizer.pad_token_id or self.tokenizer.eos_token_id or 0
-        self.max_length = max_length
+        self.max_length = context_length(load_config(model), self.tokenizer)
 
     def __call__(self, items: list[dict[str, Any]]) -> dict[str, Any]:
         pairs = [

@@ -4,10 +4,12 @@
 # lm-eval comparisons) — with lint and type checks (package and benchmarks).
 #
 # The suite runs as two pytest sessions side by side, because one session leaves a core idle a
-# third of the time (its own work is one process; its process groups wait on each other):
-#   * the training tests (tests/parallel, tests/train, tests/model), whose parity runs train
-#     together in one process group per world size — they must share one session;
-#   * everything else (commands, launchers, caching, lm-eval comparisons), printed after.
+# third of the time (its own work is one process; its process groups wait on each other). They
+# take about equal shares of the work:
+#   * the package's own tests (tests/parallel, tests/train, tests/model, tests/evaluation,
+#     tests/compat); the parity runs of the first three train together in one process group per
+#     world size, so those must share one session;
+#   * the commands' tests (tango run, torchrun, caching, the results CLI, ...), printed after.
 # Each session keeps to one intra-op thread (OMP_NUM_THREADS=1, as under torchrun): two sessions
 # of two threads each would oversubscribe the cores. mypy checks meanwhile; its report comes
 # last. Any of the three failing fails the command.
@@ -17,30 +19,30 @@ bash scripts/setup.sh
 .venv/bin/ruff check tango_fairscale tests benchmarks
 
 export OMP_NUM_THREADS=1
-training=(tests/parallel tests/train tests/model)
+package=(tests/parallel tests/train tests/model tests/evaluation tests/compat)
 pytest_args=(-q -m "slow or not slow" --durations=10)
 scratch="$(mktemp -d)"
 trap 'rm -rf "$scratch"' EXIT
 
 .venv/bin/mypy > "$scratch/mypy.txt" 2>&1 &
 mypy_pid=$!
-others=()
-for path in "${training[@]}"; do others+=(--ignore="$path"); done
-.venv/bin/python -m pytest "${pytest_args[@]}" --basetemp="$scratch/others" "${others[@]}" \
-  > "$scratch/others.txt" 2>&1 &
-others_pid=$!
+commands=()
+for path in "${package[@]}"; do commands+=(--ignore="$path"); done
+.venv/bin/python -m pytest "${pytest_args[@]}" --basetemp="$scratch/commands" "${commands[@]}" \
+  > "$scratch/commands.txt" 2>&1 &
+commands_pid=$!
 
-training_status=0
-.venv/bin/python -m pytest "${pytest_args[@]}" --basetemp="$scratch/training" "${training[@]}" \
-  || training_status=$?
-others_status=0
-wait "$others_pid" || others_status=$?
-echo "--- the other tests (run alongside)"
-cat "$scratch/others.txt"
+package_status=0
+.venv/bin/python -m pytest "${pytest_args[@]}" --basetemp="$scratch/package" "${package[@]}" \
+  || package_status=$?
+commands_status=0
+wait "$commands_pid" || commands_status=$?
+echo "--- the commands' tests (run alongside)"
+cat "$scratch/commands.txt"
 types_status=0
 wait "$mypy_pid" || types_status=$?
 echo "--- mypy"
 cat "$scratch/mypy.txt"
-for status in "$training_status" "$others_status" "$types_status"; do
+for status in "$package_status" "$commands_status" "$types_status"; do
   if [ "$status" -ne 0 ]; then exit "$status"; fi
 done

@@ -45,8 +45,17 @@ def piqa_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def tokenizer_dir() -> Path:
+def gpt2_tokenizer_dir() -> Path:
+    """GPT-2's own tokenizer files: for the comparisons with lm-eval's encoding and scores."""
     return shared_data_dir() / "gpt2-tokenizer"
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory, gpt2_tokenizer_dir: Path) -> Path:
+    """The tests' tokenizer (``helpers/tokenizer.py``): GPT-2's BPE with its first merges only."""
+    from helpers.tokenizer import save_small_tokenizer
+
+    return save_small_tokenizer(gpt2_tokenizer_dir, tmp_path_factory.mktemp("tokenizer"))
 
 
 TINY_GPT2 = FAMILY_CONFIGS["gpt2"]  # dropout off: engines and world sizes must agree exactly
@@ -55,10 +64,14 @@ TINY_GPT2 = FAMILY_CONFIGS["gpt2"]  # dropout off: engines and world sizes must 
 def save_tiny_gpt2(
     directory: Path, tokenizer_dir: Path, seed: int = 1, **overrides: object
 ) -> Path:
-    """A seeded, randomly initialised GPT-2-shaped model saved like a hub checkpoint."""
+    """A seeded, randomly initialised GPT-2-shaped model saved like a hub checkpoint, its
+    vocabulary that of the tokenizer in ``tokenizer_dir``."""
+    from helpers.tokenizer import vocabulary_fields
+
     from tango_fairscale.model.causal_lm import ModelWrapper
 
-    model = ModelWrapper(config={**TINY_GPT2, **overrides}, tokenizer=str(tokenizer_dir), seed=seed)
+    config = {**TINY_GPT2, **vocabulary_fields(tokenizer_dir), **overrides}
+    model = ModelWrapper(config=config, tokenizer=str(tokenizer_dir), seed=seed)
     model.save(directory)
     return directory
 
@@ -83,14 +96,16 @@ def lm_eval_as_released() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
-def hflm(tiny_model_dir: Path):
-    """lm-evaluation-harness's own HF backend over the tiny model, in fp32 on the CPU: the
-    reference the package's encoding and scores must equal. ``logits_cache=False``: its one-token
-    cache returns the leading positions' log-probabilities for a request whose continuation is
-    shorter than another's with the same ``context + continuation[:-1]`` (winogrande does this)."""
+def hflm(tmp_path_factory: pytest.TempPathFactory, gpt2_tokenizer_dir: Path):
+    """lm-evaluation-harness's own HF backend over a tiny GPT-2 with GPT-2's own tokenizer, in fp32
+    on the CPU: the reference the package's encoding and scores must equal.
+    ``logits_cache=False``: its one-token cache returns the leading positions' log-probabilities
+    for a request whose continuation is shorter than another's with the same
+    ``context + continuation[:-1]`` (winogrande does this)."""
     from lm_eval.models.huggingface import HFLM
 
-    return HFLM(pretrained=str(tiny_model_dir), device="cpu", dtype="float32", logits_cache=False)
+    model_dir = save_tiny_gpt2(tmp_path_factory.mktemp("gpt2-tokenizer-gpt2"), gpt2_tokenizer_dir)
+    return HFLM(pretrained=str(model_dir), device="cpu", dtype="float32", logits_cache=False)
 
 
 @pytest.fixture(scope="session")

@@ -108,12 +108,13 @@ class TangoRun:
 
 
 @pytest.fixture(scope="module")
-def wide_model_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> Path:
-    """The tiny GPT-2 with 256 positions: lm-eval's HF backend refuses a continuation longer
-    than the window, and PIQA's longest is 246 tokens (contexts are still left-truncated)."""
+def wide_model_dir(tmp_path_factory: pytest.TempPathFactory, gpt2_tokenizer_dir: Path) -> Path:
+    """The tiny GPT-2 with GPT-2's own tokenizer (the headline comparison with lm-eval) and 256
+    positions: lm-eval's HF backend refuses a continuation longer than the window, and PIQA's
+    longest is 246 tokens (contexts are still left-truncated)."""
     from conftest import save_tiny_gpt2
 
-    return save_tiny_gpt2(tmp_path_factory.mktemp("wide-gpt2"), tokenizer_dir, n_positions=256)
+    return save_tiny_gpt2(tmp_path_factory.mktemp("wide-gpt2"), gpt2_tokenizer_dir, n_positions=256)
 
 
 @pytest.fixture(scope="module")

@@ -89,7 +89,10 @@ def train(dataset_dict: DatasetDict | None = None, **arguments: Any) -> Any:
 @pytest.fixture(scope="module")
 def short_model(tokenizer_dir: Path) -> ModelWrapper:
     """A randomly initialised 1-layer GPT-2 with a 16-token context."""
+    from helpers.tokenizer import vocabulary_fields
+
     config = {"model_type": "gpt2", "n_layer": 1, "n_embd": 16, "n_head": 2, "n_positions": 16}
+    config.update(vocabulary_fields(tokenizer_dir))
     return ModelWrapper(config=config, tokenizer=str(tokenizer_dir), seed=0)
 
 

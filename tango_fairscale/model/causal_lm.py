@@ -18,12 +18,16 @@ from ..compat.transformers import unpacked_sequences
 from ..data.batches import collate, packed_batch
 from ..data.queries import Query
 from .fingerprint import source_fingerprint
-from .loading import build_model, check_tokenizer, fuse_tanh_gelu, load_tokenizer, set_padding_token
+from .loading import (
+    build_model,
+    check_tokenizer,
+    context_length,
+    fuse_tanh_gelu,
+    load_tokenizer,
+    set_padding_token,
+)
 from .logits import check_fast_path, logit_transform
 from .loss import loss_outputs, scored_row_nll
-
-#: A tokenizer's ``model_max_length`` when it sets none (transformers' ``VERY_LARGE_INTEGER``).
-UNBOUNDED_TOKENIZER_LENGTH = int(1e30)
 
 #: Attention implementations that take the explicit (R, 1, T, T) masks of packed batches.
 MASKED_ATTENTION = ("sdpa", "eager")
@@ -132,16 +136,8 @@ class ModelWrapper(Model, CustomDetHash):
 
     @property
     def max_length(self) -> int:
-        """The longest input, as lm-eval's HF backend reads it: the (text) config's
-        ``n_positions``, ``max_position_embeddings`` or ``n_ctx``, else the tokenizer's
-        ``model_max_length`` unless unbounded, else 2048."""
-        config = getattr(self.model.config, "text_config", None) or self.model.config
-        for name in ("n_positions", "max_position_embeddings", "n_ctx"):
-            value = getattr(config, name, None)
-            if value is not None:
-                return int(value)
-        limit = self.tokenizer.model_max_length
-        return limit if limit < UNBOUNDED_TOKENIZER_LENGTH else 2048
+        """The longest input (:func:`~tango_fairscale.model.loading.context_length`)."""
+        return context_length(self.model.config, self.tokenizer)
 
     @property
     def pad_token_id(self) -> int:

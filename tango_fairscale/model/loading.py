@@ -20,6 +20,9 @@ from .fingerprint import hub_revision, is_hub_id, unreachable
 #: Encoded by :func:`check_tokenizer`: a tokenizer that cannot encode it is not a real one.
 PROBE_TEXT = "Question: How do I open a jar?\nAnswer: Twist the lid."
 
+#: A tokenizer's ``model_max_length`` when it sets none (transformers' ``VERY_LARGE_INTEGER``).
+UNBOUNDED_TOKENIZER_LENGTH = int(1e30)
+
 #: huggingface_hub 1.16's message when it retries a request on the client it closed after a
 #: connection error (the hub unreachable without ``HF_HUB_OFFLINE``).
 _CLOSED_CLIENT = "client has been closed"
@@ -55,12 +58,7 @@ def build_model(model: str | None, config: dict[str, Any] | None, seed: int) -> 
             raise _unreachable_or(error, model) from None
     config = dict(config)
     if model is not None:
-        try:
-            hf_config = AutoConfig.from_pretrained(model, **hub_options(model), **config)
-        except (OSError, ValueError) as error:
-            raise ConfigurationError(_cannot_load("model config", model, error)) from None
-        except RuntimeError as error:
-            raise _unreachable_or(error, model) from None
+        hf_config = load_config(model, **config)
     else:
         model_type = config.pop("model_type", None)
         if model_type is None:
@@ -92,6 +90,30 @@ def _unreachable_or(error: RuntimeError, source: str) -> Exception:
     if _CLOSED_CLIENT in str(error):
         return ConfigurationError(unreachable(source))
     return error
+
+
+def context_length(config: Any, tokenizer: Any) -> int:
+    """The longest input of a model, as lm-eval's HF backend reads it: the (text) config's
+    ``n_positions``, ``max_position_embeddings`` or ``n_ctx``, else the tokenizer's
+    ``model_max_length`` unless unbounded, else 2048."""
+    config = getattr(config, "text_config", None) or config
+    for name in ("n_positions", "max_position_embeddings", "n_ctx"):
+        value = getattr(config, name, None)
+        if value is not None:
+            return int(value)
+    limit = tokenizer.model_max_length
+    return limit if limit < UNBOUNDED_TOKENIZER_LENGTH else 2048
+
+
+def load_config(source: str, **overrides: Any) -> Any:
+    """The Hugging Face config of the model at ``source`` (hub id or directory), with
+    ``overrides``."""
+    try:
+        return AutoConfig.from_pretrained(source, **hub_options(source), **overrides)
+    except (OSError, ValueError) as error:
+        raise ConfigurationError(_cannot_load("model config", source, error)) from None
+    except RuntimeError as error:
+        raise _unreachable_or(error, source) from None
 
 
 def load_tokenizer(source: str) -> Any:

@@ -25,10 +25,10 @@ BIG = 10_000  # a max_length no test sequence reaches
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tokenizer_dir: Path) -> Any:
+def tokenizer(gpt2_tokenizer_dir: Path) -> Any:
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    return AutoTokenizer.from_pretrained(str(gpt2_tokenizer_dir))
 
 
 def ids(tokenizer: Any, text: str) -> list[int]:

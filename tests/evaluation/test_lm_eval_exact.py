@@ -58,14 +58,14 @@ def save_model(directory: Path, tokenizer_dir: Path, config: dict[str, Any]) -> 
 
 
 @pytest.fixture(scope="module")
-def gpt2_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> Path:
+def gpt2_dir(tmp_path_factory: pytest.TempPathFactory, gpt2_tokenizer_dir: Path) -> Path:
     gpt2 = {"model_type": "gpt2", "n_layer": 2, "n_embd": 32, "n_head": 2, "n_positions": 128}
-    return save_model(tmp_path_factory.mktemp("gpt2"), tokenizer_dir, gpt2)
+    return save_model(tmp_path_factory.mktemp("gpt2"), gpt2_tokenizer_dir, gpt2)
 
 
 @pytest.fixture(scope="module")
-def llama_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> Path:
-    return save_model(tmp_path_factory.mktemp("llama"), tokenizer_dir, LLAMA)
+def llama_dir(tmp_path_factory: pytest.TempPathFactory, gpt2_tokenizer_dir: Path) -> Path:
+    return save_model(tmp_path_factory.mktemp("llama"), gpt2_tokenizer_dir, LLAMA)
 
 
 def reference(model_dir: Path, configs: list[dict], num_fewshot: int, **options: Any) -> dict:

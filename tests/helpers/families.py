@@ -1,11 +1,12 @@
 """Tiny seeded models of every decoder family the package verifies, for tests.
 
 ``FAMILY_CONFIGS``: the families the pipe engine splits. Hidden size 32, 2 layers, 2 heads (one
-key/value head where the family has grouped-query attention), 128 positions, the GPT-2
-tokenizer's vocabulary, dropout off, and each family's distinguishing feature switched on: sliding
-windows of 8 tokens (shorter than PIQA rows), Gemma's scaled embeddings, Gemma 2's logit soft cap,
-Gemma 3's per-kind rotary bases, SmolLM3's no-RoPE layer, GPT-NeoX's partial rotary with a
-parallel residual, OPT-350m's ``project_in`` / ``project_out`` and post-norm layers.
+key/value head where the family has grouped-query attention), 128 positions, the vocabulary of the
+tests' tokenizer (``helpers/tokenizer.py``), dropout off, and each family's distinguishing feature
+switched on: sliding windows of 8 tokens (shorter than PIQA rows), Gemma's scaled embeddings,
+Gemma 2's logit soft cap, Gemma 3's per-kind rotary bases, SmolLM3's no-RoPE layer, GPT-NeoX's
+partial rotary with a parallel residual, OPT-350m's ``project_in`` / ``project_out`` and
+post-norm layers.
 ``VERIFIED_FAMILIES``: those and the rest of the README's list; ``REFUSED_FAMILIES``: families
 refused at load. ``save_family`` builds one with Hugging Face alone, ``reference_scores`` scores it
 with a plain Hugging Face forward, ``package_scores`` with the package's model.
@@ -18,11 +19,12 @@ from typing import Any
 
 import torch
 
-VOCAB = 50257  # the GPT-2 tokenizer's ids must fit
+from .tokenizer import VOCAB  # the tests' tokenizer's ids must fit
+
 WINDOW = 8
 
-#: A small decoder's shape; bos/eos: the GPT-2 tokenizer's end-of-text, as padding (where the
-#: tokenizer files name none).
+#: A small decoder's shape; bos/eos: the tokenizer's end-of-text, as padding (where the tokenizer
+#: files name none).
 _SMALL: dict[str, Any] = {
     "vocab_size": VOCAB,
     "hidden_size": 32,
@@ -40,6 +42,9 @@ _GEMMA: dict[str, Any] = {**_ROPE, "head_dim": 16, "query_pre_attn_scalar": 16}
 FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
     "gpt2": {
         "model_type": "gpt2",
+        "vocab_size": VOCAB,
+        "bos_token_id": VOCAB - 1,
+        "eos_token_id": VOCAB - 1,
         "n_layer": 2,
         "n_embd": 32,
         "n_head": 2,
@@ -185,8 +190,8 @@ REFUSED_FAMILIES: dict[str, dict[str, Any]] = {
 def save_family(
     directory: Path, family: str, tokenizer_dir: Path, seed: int = 0, **overrides: Any
 ) -> Path:
-    """A seeded random model of ``family`` saved like a hub checkpoint (fp32), with the GPT-2
-    tokenizer's files; built with Hugging Face alone."""
+    """A seeded random model of ``family`` saved like a hub checkpoint (fp32), with the files of the
+    tokenizer in ``tokenizer_dir``; built with Hugging Face alone."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     fields = {**VERIFIED_FAMILIES.get(family, {}), **REFUSED_FAMILIES.get(family, {})}

@@ -55,7 +55,7 @@ def test_gelu_is_fused_and_the_model_computes_the_same(tiny_model_dir: Path) -> 
     reference = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir))
     assert not any(isinstance(m, NewGELUActivation) for m in wrapper.model.modules())
     assert any(isinstance(m, NewGELUActivation) for m in reference.modules())
-    ids = torch.randint(0, 50257, (3, 20))
+    ids = torch.randint(0, reference.config.vocab_size, (3, 20))
     with torch.no_grad():
         ours = wrapper.model(ids).logits
         theirs = reference(ids).logits
@@ -276,7 +276,7 @@ def test_forward_reads_no_tensor_on_the_host(
 
     wrapper = ModelWrapper(str(tiny_model_dir)).eval()
     queries = [Query(tuple(range(10, 30)), 5), Query(tuple(range(10, 22)), 3)]
-    batch = (packed_batch if packed else collate)(queries, 50256)
+    batch = (packed_batch if packed else collate)(queries, wrapper.pad_token_id)
     detect = masking_utils.find_packed_sequence_indices
     host_reads = []
     as_bool = torch.Tensor.__bool__
