@@ -1,6 +1,7 @@
-"""Loading a Hugging Face causal LM and its tokenizer from the hub, a directory or a config, with
-fp32 master weights whatever the checkpoint stores, and one-line errors for what cannot be loaded
-or does not make a usable model (a tokenizer without its files, an end-of-text id outside it)."""
+"""Loading a Hugging Face causal LM, its config and its tokenizer from the hub, a directory or a
+config, with fp32 master weights whatever the checkpoint stores, its context length as lm-eval
+reads it, and one-line errors for what cannot be loaded or does not make a usable model (a
+tokenizer without its files, an end-of-text id outside it)."""
 
 from __future__ import annotations
 
