@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import assert_close_by_key, save_tiny_gpt2, train_in
+from helpers.hostile_pickles import calling_pickle
 
 from tango_fairscale.cli import main
 from tango_fairscale.train.loop import FINAL_WEIGHTS
@@ -151,6 +152,14 @@ def without(name: str) -> Callable[[Path], Path]:
     return remove
 
 
+def hostile_metadata(step: Path) -> Path:
+    """A ``.metadata`` whose pickle walks from an allowed module to ``os.system``."""
+    marker = step / "payload-ran"
+    exploit = calling_pickle("torch.distributed.checkpoint.metadata", "os.system", marker)
+    (step / ".metadata").write_bytes(exploit)
+    return step
+
+
 def without_layout(step: Path) -> Path:
     edit_rank_file(step / "rank0.pt", model_metadata=None)
     return step
@@ -176,6 +185,11 @@ CASES: dict[str, tuple[str, Callable[[Path], Path], str]] = {
         without(".metadata"),
         "is a partial distributed checkpoint",
     ),
+    "a metadata global outside the allow-list": (
+        "fsdp2",
+        hostile_metadata,
+        "os.system is not part of a distributed checkpoint's metadata",
+    ),
     "no model config": ("fairscale", without("hf"), "carries no model config"),
     "shards without their layout": (
         "fairscale",
@@ -194,6 +208,7 @@ def test_export_refuses_in_one_line(case: str, trained, tmp_path: Path, capsys) 
     assert err.startswith("tango-fairscale: error: ") and err.count("\n") == 1, err
     assert message in err, err
     assert not (tmp_path / "hf").exists()
+    assert not list(tmp_path.rglob("payload-ran"))
 
 
 def test_export_refuses_a_nonempty_output_directory(trained, tmp_path: Path, capsys) -> None:

@@ -29,6 +29,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from ..checks import reason
 from ..model.causal_lm import ModelWrapper
+from .safe_load import SafeReader, load_dcp, load_torch_file
 
 #: The checkpoint's subdirectory holding the model's config and tokenizer.
 HF_FILES = "hf"
@@ -185,7 +186,7 @@ def _rank_files(directory: Path) -> dict[int, Path]:
 
 def _load(path: Path) -> dict[str, Any]:
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        state = load_torch_file(path, mmap=True)
     except Exception as error:  # truncated, not a torch file, pickled code, unreadable
         raise CheckpointError(f"cannot read {path} ({reason(error)})") from None
     if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
@@ -267,19 +268,14 @@ def consolidate_fairscale(
 def _dcp_model_state(directory: Path) -> dict[str, torch.Tensor]:
     """The ``model`` entry of a DCP directory, read in this process alone (``no_dist``: inside a
     job, ``dcp.load`` would otherwise run collectives that the other ranks never join)."""
-    import pickle
     import warnings
 
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    from .fsdp2 import check_checkpoint_metadata
 
     index = directory / DCP_METADATA
     try:
-        check_checkpoint_metadata(index)  # refuse a pickle that would run code
-        metadata = dcp.FileSystemReader(directory).read_metadata()
-    except (OSError, EOFError, pickle.UnpicklingError) as error:
+        metadata = SafeReader(directory).read_metadata()  # refuses a pickle that would run code
+    except Exception as error:  # unreadable, truncated, not a pickle, a refused global
         raise CheckpointError(f"cannot read {index} ({reason(error)})") from None
     files = {getattr(info, "relative_path", None) for info in metadata.storage_data.values()}
     absent = sorted(name for name in files if name and not (directory / name).is_file())
@@ -298,7 +294,7 @@ def _dcp_model_state(directory: Path) -> dict[str, torch.Tensor]:
     try:
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
             warnings.filterwarnings("ignore", "torch.distributed is disabled")
-            dcp.load({"model": state}, checkpoint_id=directory, no_dist=True)
+            load_dcp({"model": state}, directory, no_dist=True)
     except Exception as error:  # a truncated or damaged .distcp file
         raise CheckpointError(f"cannot read {directory} ({reason(error)})") from None
     return state

@@ -28,6 +28,7 @@ from ..model.causal_lm import ModelWrapper, move_batch
 from ..runtime.process_group import join_process_group
 from . import consolidate
 from .precision import resolve_precision
+from .safe_load import load_torch_file
 from .sharding import ShardingConfig
 
 logger = logging.getLogger(__name__)
@@ -246,9 +247,7 @@ class Engine(TrainingEngine):
                     f"this engine cannot reshard them; resume with device_count={written_by}"
                 )
         rank = self.train_config.worker_id if self.sharded else 0
-        state = torch.load(
-            self._state_file(checkpoint_dir, rank), map_location="cpu", weights_only=True
-        )
+        state = load_torch_file(self._state_file(checkpoint_dir, rank))
         self.load_model_state(state["model"])
         self.load_optimizer_state(state["optimizer"])
         if self.lr_scheduler is not None and state["lr_scheduler"] is not None:

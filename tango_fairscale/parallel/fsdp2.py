@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import pickle
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -27,6 +26,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from ..model.causal_lm import ModelWrapper
 from . import consolidate
 from .engine import ShardedEngine
+from .safe_load import load_dcp, load_torch_file
 from .sharding import apply_sharding, selected_units
 
 logger = logging.getLogger(__name__)
@@ -139,16 +139,15 @@ class FSDP2Engine(ShardedEngine):
             consolidate.save_model_files(self.wrapped_model, checkpoint_dir)
 
     def load_checkpoint(self, checkpoint_dir: Path) -> dict[str, Any]:
-        check_checkpoint_metadata(checkpoint_dir / ".metadata")
         model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
-        dcp.load({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=checkpoint_dir)
+        load_dcp({"model": model_state, "optimizer": optimizer_state}, checkpoint_dir)
         set_state_dict(
             self.model,
             self.optimizer,
             model_state_dict=model_state,
             optim_state_dict=optimizer_state,
         )
-        trainer = torch.load(checkpoint_dir / TRAINER_STATE, map_location="cpu", weights_only=True)
+        trainer = load_torch_file(checkpoint_dir / TRAINER_STATE)
         if self.lr_scheduler is not None and trainer["lr_scheduler"] is not None:
             self.lr_scheduler.load_state_dict(trainer["lr_scheduler"])
         if self.grad_scaler is not None and trainer["grad_scaler"] is not None:
@@ -161,41 +160,6 @@ class FSDP2Engine(ShardedEngine):
         if self.train_config.worker_id != 0:
             return None
         return {key: value for key, value in state.items() if isinstance(value, torch.Tensor)}
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    """Unpickles only what a ``torch.distributed.checkpoint`` metadata file holds."""
-
-    ALLOWED = {
-        ("torch", "Size"),
-        ("torch.serialization", "_get_layout"),
-        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-        ("pathlib", "PosixPath"),
-        ("pathlib", "PurePosixPath"),
-        ("collections", "OrderedDict"),
-    }
-
-    def find_class(self, module: str, name: str) -> Any:
-        value = super().find_class(module, name) if self._allowed(module, name) else None
-        if value is None:
-            raise pickle.UnpicklingError(
-                f"{module}.{name} is not part of a distributed checkpoint's metadata"
-            )
-        return value
-
-    def _allowed(self, module: str, name: str) -> bool:
-        if (module, name) in self.ALLOWED or module == "torch.distributed.checkpoint.metadata":
-            return True
-        # dtypes, layouts and memory formats are pickled as attributes of torch
-        kinds = (torch.dtype, torch.layout, torch.memory_format)
-        return module == "torch" and isinstance(getattr(torch, name, None), kinds)
-
-
-def check_checkpoint_metadata(path: Path) -> None:
-    """Refuse a metadata file that would run code when ``torch.distributed.checkpoint`` loads it
-    (torch reads it with plain ``pickle``): unpickle it first with an allow-list."""
-    with path.open("rb") as file:
-        _MetadataUnpickler(file).load()
 
 
 @contextlib.contextmanager

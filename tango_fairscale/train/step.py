@@ -6,7 +6,6 @@ from __future__ import annotations
 import signal
 from typing import Any
 
-import torch
 from tango import Format, Step
 from tango.common import Lazy, Registrable
 from tango.integrations.torch import Model, TrainCallback, TrainConfig, TrainingEngine
@@ -17,6 +16,7 @@ from ..checks import boolean, one_of, positive_int, positive_ints
 from ..data.schedules import BatchSchedule
 from ..model.causal_lm import ModelWrapper
 from ..model.fingerprint import FingerprintedLazy
+from ..parallel.safe_load import load_torch_file
 from ..runtime import launcher
 from ..runtime.devices import job_devices
 from ..runtime.process_group import hosted_store
@@ -205,7 +205,7 @@ class TrainStep(Step[ModelWrapper]):
 
         trained = model.construct()
         assert isinstance(trained, ModelWrapper)
-        state = torch.load(self.work_dir / FINAL_WEIGHTS, map_location="cpu", weights_only=True)
+        state = load_torch_file(self.work_dir / FINAL_WEIGHTS)
         trained.load_state_dict(state)  # strict: every key of the consolidated model must match
         trained.training_log = read_training_log(self.work_dir / TRAINING_LOG)
         trained.origin = ("tango_fairscale::train", self.unique_id)  # no longer its base model

@@ -101,21 +101,32 @@ FIVE_STEPS = define(
 
 
 @trains(FIVE_STEPS)
-def test_malicious_checkpoint_metadata_is_refused(
-    trained_run, tmp_path, tiny_model_dir, piqa_small
+@pytest.mark.parametrize("payload", ["pickled-class", "dotted-global", "byte-entry"])
+def test_malicious_checkpoint_files_are_refused(
+    payload, trained_run, tmp_path, tiny_model_dir, piqa_small
 ) -> None:
-    """torch.distributed.checkpoint reads its metadata with plain pickle: the engine checks it
-    with an allow-list first, so a planted payload never runs."""
+    """torch.distributed.checkpoint reads its metadata with plain pickle and its non-tensor
+    entries with ``torch.load(weights_only=False)``: the engine reads both through allow-lists,
+    so a planted payload never runs — a pickled class, a dotted name under an allowed module
+    (``torch.distributed.checkpoint.metadata`` / ``os.system``), an optimizer entry."""
     import pickle
     import shutil
 
+    from helpers.hostile_pickles import calling_pickle, plant_byte_entry
     from tango.common.exceptions import ConfigurationError
 
     work = tmp_path / "run"
     shutil.copytree(trained_run(FIVE_STEPS).work_dir / "checkpoints", work / "checkpoints")
-    metadata = work / "checkpoints" / "step0000005" / ".metadata"
+    checkpoint = work / "checkpoints" / "step0000005"
     marker = tmp_path / "payload-ran"
-    metadata.write_bytes(pickle.dumps(Payload(marker)))
-    with pytest.raises(ConfigurationError, match="is not part of a distributed checkpoint"):
+    if payload == "pickled-class":
+        (checkpoint / ".metadata").write_bytes(pickle.dumps(Payload(marker)))
+    elif payload == "dotted-global":
+        dotted = calling_pickle("torch.distributed.checkpoint.metadata", "os.system", marker)
+        (checkpoint / ".metadata").write_bytes(dotted)
+    else:
+        key = "optimizer.param_groups.0.lr"
+        plant_byte_entry(checkpoint, key, calling_pickle("os", "system", marker))
+    with pytest.raises(ConfigurationError, match=f"checkpoint {checkpoint} cannot be loaded"):
         train_in(work, tiny_model_dir, piqa_small, "tango_fairscale::fsdp2", 1, 10)
     assert not marker.exists()
