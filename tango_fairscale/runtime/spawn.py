@@ -13,7 +13,7 @@ from typing import Any
 from tango.common.aliases import EnvVarNames
 from tango.common.logging import initialize_worker_logging
 
-from .signals import forwarded_to
+from .signals import forwarded_to, stop_signals
 
 
 class WorkerFailed(RuntimeError):
@@ -35,10 +35,10 @@ def run_workers(
     stays) and never touches a GPU. Each worker runs with this process's environment as it is at
     the call.
 
-    The signal ``forward`` received here is passed on to every worker. A worker that dies or
-    raises stops the others at once: :class:`WorkerFailed` names it and its signal, exit code or
-    the last line of its error. A worker dies with this process: one left running would train on
-    unsupervised and write checkpoints beside a rerun's. Each worker takes the
+    The signal ``forward`` and ``SIGINT`` received here are passed on to every worker. A worker that
+    dies or raises stops the others at once: :class:`WorkerFailed` names it and its signal, exit
+    code or the last line of its error. A worker dies with this process: one left running would
+    train on unsupervised and write checkpoints beside a rerun's. Each worker takes the
     ``OMP_NUM_THREADS`` intra-op threads or, unset, its share of this machine's cores (as torchrun
     sets one thread), so that ``nprocs`` workers do not oversubscribe the cores.
     """
@@ -59,7 +59,7 @@ def run_workers(
         return [p.pid for p in context.processes if p.is_alive() and p.pid is not None]
 
     try:
-        with forwarded_to(forward, alive):
+        with forwarded_to(stop_signals(forward), alive):
             while not context.join(grace_period=5):
                 pass
     except mp.ProcessExitedException as error:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 from typing import Any
 
 import torch
@@ -74,7 +75,11 @@ class TrainingRun:
         if self.is_main:
             write_run_info(config.work_dir / RUN_INFO, engine, plan)
         self.throughput = Throughput(model.num_parameters, engine.device, config.world_size)
-        self.guard = NonFiniteGuard(engine.grad_scaler is not None, self.schedule.global_batch)
+        self.guard = NonFiniteGuard(
+            engine.grad_scaler is not None,
+            self.schedule.global_batch,
+            model.model.config.get_text_config().vocab_size,
+        )
         self.preemption = Preemption(plan.preemption_signal)
         self.unread: StepLoss | None = None  # the previous step's loss, on its way to the host
 
@@ -141,9 +146,10 @@ class TrainingRun:
         self.callbacks.call("log_batch", done - 1, self.epoch(done - 1), mean_loss, outputs)
         if preempted:
             self.checkpoint(done)
+            received = self.preemption.signal
+            how = "interrupted" if received == signal.SIGINT else "preempted"
             raise TrainingStopped(
-                f"preempted by {self.preemption.signal.name} after step {done}; "
-                f"{resume_hint(self.plan.checkpoints)}"
+                f"{how} by {received.name} after step {done}; {resume_hint(self.plan.checkpoints)}"
             )
 
     def validate(self, done: int) -> bool:

@@ -120,15 +120,21 @@ def test_sigkill_then_rerun_resumes_and_matches(
 
 @pytest.mark.slow
 @trains(UNINTERRUPTED)
-def test_sigterm_checkpoints_and_exits_resumably(
-    tmp_path, tiny_model_dir, piqa_dir, piqa_small, uninterrupted
+@pytest.mark.parametrize("stop", ["SIGTERM to the launcher", "Ctrl-C"])
+def test_sigterm_and_ctrl_c_checkpoint_and_exit_resumably(
+    stop, tmp_path, tiny_model_dir, piqa_dir, piqa_small, uninterrupted
 ) -> None:
     command = train_command(tmp_path, tiny_model_dir, piqa_dir, STEPS)
     job = start_and_wait_for_a_checkpoint(command, tmp_path)
-    job.send_signal(signal.SIGTERM)  # to the launcher only: it passes it on to the workers
+    if stop == "Ctrl-C":  # a terminal sends SIGINT to every process of the foreground group
+        os.killpg(job.pid, signal.SIGINT)
+        said = "interrupted by SIGINT after step"
+    else:  # the launcher passes it on to the workers
+        job.send_signal(signal.SIGTERM)
+        said = "preempted by SIGTERM after step"
     _, stderr = job.communicate(timeout=120)
     assert job.returncode != 0
-    assert "preempted by SIGTERM after step" in stderr and "rerun the same command" in stderr
+    assert said in stderr and "rerun the same command" in stderr, stderr[-2000:]
     stopped_at = latest_checkpoint(tmp_path)
     assert f"resume from checkpoint {stopped_at}" in stderr  # the checkpoint of the last step
     assert_resumes_to_the_reference(tmp_path, tiny_model_dir, piqa_small, uninterrupted)
@@ -219,7 +225,7 @@ def test_non_finite_guard(scaled, losses, fails_at) -> None:
     from tango_fairscale.data.schedules import BatchSchedule
     from tango_fairscale.train.guards import NonFiniteGuard, NonFiniteLossError
 
-    guard = NonFiniteGuard(scaled, BatchSchedule(100, 4, seed=0).global_batch)
+    guard = NonFiniteGuard(scaled, BatchSchedule(100, 4, seed=0).global_batch, vocab_size=1000)
     breaks_at = None if fails_at is None else fails_at + guard.bound
     for step, loss in enumerate(losses, start=1):
         if step == breaks_at:
