@@ -23,7 +23,7 @@ from tango.common.exceptions import ConfigurationError
 from .. import compat  # noqa: F401  (Tango fixes)
 from ..checks import did_you_mean, one_line, positive_int
 from ..compat.lm_eval import compile_templates_once
-from ..model.fingerprint import files_fingerprint
+from ..records.fingerprint import local_fingerprint
 
 logger = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ class TaskSpec(FromParams, CustomDetHash):
 
     def det_hash_object(self) -> Any:
         fields = tuple((f.name, getattr(self, f.name)) for f in dataclasses.fields(self))
-        return (fields, files_fingerprint(self.local_files()))
+        return (fields, local_fingerprint(self.local_files()))
 
     def local_files(self) -> list[Path]:
         """The files the task reads from disk: ``data_dir``'s ``<split>.jsonl``, the ``yaml``,
