@@ -4,7 +4,10 @@ directory changed in place is computed again.
 * the unique ids of a scoring step (a constructed model) and a train step (a ``Lazy`` model) do
   not depend on Python's hash seed (a pickled model held ``GenerationConfig``'s salted hash);
 * overwriting a model directory or a task's data directory in place changes the ids of the steps
-  that read it, and only theirs;
+  that read it, and only theirs; so does editing in place any other local file a step reads: a
+  file a task ``config`` or YAML names in ``dataset_kwargs.data_files`` (a string, a
+  list, a split → path or split → list mapping, a glob), a local ``dataset_path`` directory, an
+  included YAML, a ``!function`` module;
 * (slow) through ``tango run``: ``configs/gpt2_piqa.jsonnet`` (``train_steps=0`` and ``2``) and
   ``configs/mc_suite.jsonnet`` (local task directories) rerun under another hash seed start no
   step; after a directory is overwritten in place, exactly the steps that read it run again.
@@ -12,12 +15,15 @@ directory changed in place is computed again.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -109,6 +115,131 @@ def test_a_task_data_directory_changed_in_place_changes_the_step_ids(
     validation.write_text("\n".join(lines[1:]) + "\n")  # one document fewer, same mtime or not
     after = in_process_ids(tiny_model_dir, task_dir)
     assert after["train"] != before["train"] and after["scores"] != before["scores"]
+
+
+# Every kind of local file a step reads, edited in place ----------------------------------------
+
+#: lm-eval's ``piqa`` task as a config of one's own, over local files (``dataset_kwargs`` added).
+PIQA_CONFIG = {
+    "task": "my_piqa",
+    "dataset_path": "json",
+    "output_type": "multiple_choice",
+    "doc_to_text": "Question: {{goal}}\nAnswer:",
+    "doc_to_choice": "{{[sol1, sol2]}}",
+    "doc_to_target": "label",
+    "test_split": "test",
+    "metric_list": [{"metric": "acc"}],
+}
+
+PIQA_YAML = """task: my_piqa
+dataset_path: json
+output_type: multiple_choice
+doc_to_choice: "{{[sol1, sol2]}}"
+doc_to_target: label
+test_split: test
+metric_list: [{metric: acc}]
+"""
+
+
+def drop_first_line(path: Path) -> None:
+    path.write_text("".join(path.read_text().splitlines(keepends=True)[1:]))
+
+
+def replace_text(old: str, new: str):
+    def edit(path: Path) -> None:
+        path.write_text(path.read_text().replace(old, new))
+
+    return edit
+
+
+def config_task(dataset: dict[str, Any]) -> dict[str, Any]:
+    return {"config": {**PIQA_CONFIG, **dataset}}
+
+
+def yaml_task(path: Path, text: str) -> dict[str, Any]:
+    path.write_text(PIQA_YAML + text)
+    return {"yaml": str(path)}
+
+
+def local_file_kinds(root: Path) -> dict[str, tuple[dict[str, Any], Path, Callable[[Path], None]]]:
+    """Kind → (the task's params, a file it reads, an in-place edit of that file); under
+    ``root``, which holds ``data/test.jsonl`` and ``data/train.jsonl`` (PIQA documents)."""
+    data = root / "data"
+    test = data / "test.jsonl"
+    train = {"test_split": "train"}
+    (root / "base.yaml").write_text('doc_to_text: "Question: {{goal}}\\nAnswer:"\n')
+    (root / "utils.py").write_text("def text(doc):\n    return f\"Question: {doc['goal']}\"\n")
+    by_split = {"data_files": {"test": str(test)}}
+    yaml_data = f"dataset_kwargs: {{data_files: {{test: {test}}}}}\n"
+    tasks = {
+        # datasets names the split of a path or list "train"
+        "data_files: a path": config_task({"dataset_kwargs": {"data_files": str(test)}, **train}),
+        "data_files: a list": config_task({"dataset_kwargs": {"data_files": [str(test)]}, **train}),
+        "data_files: split -> path": config_task({"dataset_kwargs": by_split}),
+        "data_files: split -> list": config_task(
+            {"dataset_kwargs": {"data_files": {"test": [str(test)]}}}
+        ),
+        "data_files: a glob": config_task(
+            {"dataset_kwargs": {"data_files": {"test": str(data / "te*.jsonl")}}}
+        ),
+        "dataset_path: a directory": config_task({"dataset_path": str(data)}),
+        "a YAML's data_files": yaml_task(root / "a.yaml", yaml_data + "include: base.yaml\n"),
+        "an included YAML": yaml_task(root / "b.yaml", yaml_data + "include: base.yaml\n"),
+        "a !function module": yaml_task(
+            root / "c.yaml", yaml_data + "doc_to_text: !function utils.text\n"
+        ),
+    }
+    edits = {
+        "dataset_path: a directory": (data / "train.jsonl", drop_first_line),
+        "an included YAML": (root / "base.yaml", replace_text("Answer", "A")),
+        "a !function module": (root / "utils.py", replace_text("Question", "Q")),
+    }
+    return {kind: (task, *edits.get(kind, (test, drop_first_line))) for kind, task in tasks.items()}
+
+
+KINDS = [
+    "data_files: a path",
+    "data_files: a list",
+    "data_files: split -> path",
+    "data_files: split -> list",
+    "data_files: a glob",
+    "dataset_path: a directory",
+    "a YAML's data_files",
+    "an included YAML",
+    "a !function module",
+]
+
+
+@pytest.fixture(scope="module")
+def scoring_model(tiny_model_dir: Path):
+    from tango_fairscale.model.causal_lm import ModelWrapper
+
+    return ModelWrapper(str(tiny_model_dir))
+
+
+def scores_id(model: Any, task: dict[str, Any]) -> str:
+    from tango.common import Params
+
+    from tango_fairscale.evaluation.steps import TaskScoresStep
+    from tango_fairscale.tasks.lm_eval import TaskSpec
+
+    spec = TaskSpec.from_params(Params(copy.deepcopy(task)))  # as a config gives it
+    return TaskScoresStep(model=model, task=spec).unique_id
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_file_a_task_names_changed_in_place_changes_the_step_id(
+    tmp_path: Path, scoring_model: Any, kind: str
+) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    shutil.copy(FIXTURE_TASKS / "piqa" / "validation.jsonl", data / "test.jsonl")
+    shutil.copy(FIXTURE_TASKS / "piqa" / "train.jsonl", data / "train.jsonl")
+    task, path, edit = local_file_kinds(tmp_path)[kind]
+    before = scores_id(scoring_model, task)
+    assert scores_id(scoring_model, task) == before
+    edit(path)
+    assert scores_id(scoring_model, task) != before
 
 
 # Through tango run (slow) ------------------------------------------------------------------------
