@@ -34,6 +34,7 @@ from tango.common.dataset_dict import DatasetDict
 
 from .. import compat  # noqa: F401  (Tango fixes)
 from ..checks import one_line, positive_int
+from .format import DatasetDictFormat
 
 PIQA_URL = "https://yonatanbisk.com/piqa/data/"
 """Where the official release files are downloaded from when no ``data_dir`` is given."""
@@ -289,6 +290,9 @@ class PiqaDataStep(Step[DatasetDict]):
     without it they are downloaded from :data:`PIQA_URL` into a cache directory. ``limit`` keeps
     the first ``limit`` examples of each split.
 
+    The result is stored as JSON (:class:`~tango_fairscale.tasks.format.DatasetDictFormat`),
+    never pickled.
+
     .. code-block:: jsonnet
 
         steps: {
@@ -296,9 +300,10 @@ class PiqaDataStep(Step[DatasetDict]):
         }
     """
 
-    VERSION = "001"
+    VERSION = "002"
     DETERMINISTIC = True
     CACHEABLE = True
+    FORMAT = DatasetDictFormat()
 
     def run(  # type: ignore[override]
         self, data_dir: str | None = None, limit: int | None = None
