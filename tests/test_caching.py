@@ -5,12 +5,13 @@ directory changed in place is computed again.
   not depend on Python's hash seed (a pickled model held ``GenerationConfig``'s salted hash);
 * overwriting a model directory or a task's data directory in place changes the ids of the steps
   that read it, and only theirs; so does editing in place any other local file a step reads: a
-  file a task ``config`` or YAML names in ``dataset_kwargs.data_files`` (a string, a
+  PIQA file, a file a task ``config`` or YAML names in ``dataset_kwargs.data_files`` (a string, a
   list, a split → path or split → list mapping, a glob), a local ``dataset_path`` directory, an
   included YAML, a ``!function`` module;
 * (slow) through ``tango run``: ``configs/gpt2_piqa.jsonnet`` (``train_steps=0`` and ``2``) and
   ``configs/mc_suite.jsonnet`` (local task directories) rerun under another hash seed start no
-  step; after a directory is overwritten in place, exactly the steps that read it run again.
+  step; after a directory is overwritten in place, exactly the steps that read it run again;
+  PIQA labels flipped in place give the new metrics.
 """
 
 from __future__ import annotations
@@ -242,12 +243,44 @@ def test_a_file_a_task_names_changed_in_place_changes_the_step_id(
     assert scores_id(scoring_model, task) != before
 
 
+def test_piqa_files_changed_in_place_change_the_step_ids(
+    tmp_path: Path, piqa_dir: Path, scoring_model: Any
+) -> None:
+    from tango_fairscale.tasks.piqa import PIQA_FILES, PiqaDataStep
+
+    data_dir = tmp_path / "piqa"
+    data_dir.mkdir()
+    for name in PIQA_FILES:
+        shutil.copy(piqa_dir / name, data_dir / name)
+
+    def ids() -> tuple[str, str]:
+        piqa = PiqaDataStep(data_dir=str(data_dir), limit=8)
+        task = {"name": "piqa", "dataset": piqa}
+        return piqa.unique_id, scores_id(scoring_model, task)
+
+    before = ids()
+    assert ids() == before
+    flip_labels(data_dir / "valid-labels.lst", 8)
+    after = ids()
+    assert after[0] != before[0] and after[1] != before[1]
+
+
+def flip_labels(path: Path, count: int) -> None:
+    """Flip the first ``count`` labels of a PIQA ``.lst`` file in place."""
+    labels = path.read_text().splitlines()
+    flipped = [str(1 - int(label)) for label in labels[:count]] + labels[count:]
+    path.write_text("\n".join(flipped) + "\n")
+
+
 # Through tango run (slow) ------------------------------------------------------------------------
 
 
-def tango_run(config: str, workspace: Path, defines: dict[str, str], hash_seed: str) -> str:
-    """``tango run config -w workspace -D ...`` from the repository root; its output."""
+def tango_run(
+    config: str, workspace: Path, defines: dict[str, str], hash_seed: str, name: str | None = None
+) -> str:
+    """``tango run config -w workspace [-n name] -D ...`` from the repository root; its output."""
     command = [sys.executable, "-m", "tango", "run", config, "-w", str(workspace)]
+    command += ["-n", name] if name is not None else []
     for name, value in defines.items():
         command += ["-D", f"{name}={value}"]
     env = {**os.environ, "PYTHONHASHSEED": hash_seed, "OMP_NUM_THREADS": "1"}
@@ -318,3 +351,32 @@ def test_mc_suite_reruns_start_no_step_until_a_task_directory_changes(
     lines = (copa / "validation.jsonl").read_text().splitlines()
     (copa / "validation.jsonl").write_text("\n".join(reversed(lines)) + "\n")
     assert started(tango_run(config, workspace, defines, "3")) == {"scores_copa", "metrics"}
+
+
+@pytest.mark.slow
+def test_gpt2_piqa_rerun_after_labels_flipped_in_place_gives_the_new_metrics(
+    tmp_path: Path, tokenizer_dir: Path, piqa_dir: Path
+) -> None:
+    from conftest import save_tiny_gpt2
+    from tango import Workspace
+
+    from tango_fairscale.tasks.piqa import PIQA_FILES
+
+    model_dir = save_tiny_gpt2(tmp_path / "model", tokenizer_dir, seed=1, n_positions=256)
+    data_dir = tmp_path / "piqa"
+    data_dir.mkdir()
+    for name in PIQA_FILES:
+        shutil.copy(piqa_dir / name, data_dir / name)
+    defines = {"model": str(model_dir), "data_dir": str(data_dir), "train_steps": "0"}
+    defines |= {"limit": "8", "engine": "ddp", "batch_size": "4"}
+    config, workspace = "configs/gpt2_piqa.jsonnet", tmp_path / "workspace"
+    steps = {"piqa", "predictions", "metrics"}
+    assert started(tango_run(config, workspace, defines, "1", name="before")) == steps
+    flip_labels(data_dir / "valid-labels.lst", 8)  # the same path, the same file names
+    assert started(tango_run(config, workspace, defines, "2", name="after")) == steps
+    results = Workspace.from_url(str(workspace))
+    before, after = (results.step_result_for_run(run, "metrics") for run in ("before", "after"))
+    assert after["num_examples"] == before["num_examples"] == 8
+    for metric in ("acc", "acc_norm"):  # two choices: every answer is now wrong or right
+        assert after[metric] == pytest.approx(1 - before[metric]), (before, after)
+    assert started(tango_run(config, workspace, defines, "3")) == set()
