@@ -7,7 +7,8 @@ directory changed in place is computed again.
   that read it, and only theirs; so does editing in place any other local file a step reads: a
   PIQA file, a file a task ``config`` or YAML names in ``dataset_kwargs.data_files`` (a string, a
   list, a split → path or split → list mapping, a glob), a local ``dataset_path`` directory, an
-  included YAML, a ``!function`` module;
+  included YAML, a ``!function`` module; a task config's labels flipped in place and scored
+  again through a workspace give the new metrics;
 * (slow) through ``tango run``: ``configs/gpt2_piqa.jsonnet`` (``train_steps=0`` and ``2``) and
   ``configs/mc_suite.jsonnet`` (local task directories) rerun under another hash seed start no
   step; after a directory is overwritten in place, exactly the steps that read it run again;
@@ -270,6 +271,34 @@ def flip_labels(path: Path, count: int) -> None:
     labels = path.read_text().splitlines()
     flipped = [str(1 - int(label)) for label in labels[:count]] + labels[count:]
     path.write_text("\n".join(flipped) + "\n")
+
+
+def test_a_task_config_rescored_after_its_data_files_changed_in_place(
+    tmp_path: Path, scoring_model: Any
+) -> None:
+    """The README's ``{config: {..., dataset_kwargs: {data_files: {test: ...}}}}``: the labels
+    flipped in place, scoring again through the workspace gives the new metrics."""
+    from tango.common import Params
+    from tango.workspaces import LocalWorkspace
+
+    from tango_fairscale.evaluation.steps import TaskScoresStep
+    from tango_fairscale.tasks.lm_eval import TaskSpec
+
+    test = tmp_path / "test.jsonl"
+    shutil.copy(FIXTURE_TASKS / "piqa" / "validation.jsonl", test)
+    task = config_task({"dataset_kwargs": {"data_files": {"test": str(test)}}})
+    workspace = LocalWorkspace(tmp_path / "workspace")
+
+    def accuracy() -> float:
+        spec = TaskSpec.from_params(Params(copy.deepcopy(task)))
+        scores = TaskScoresStep(model=scoring_model, task=spec).result(workspace)
+        return scores["results"]["my_piqa"]["acc,none"]
+
+    before = accuracy()
+    assert before != 0.5  # else 1 - before would not tell a stale result
+    documents = [json.loads(line) for line in test.read_text().splitlines()]
+    test.write_text("".join(json.dumps({**d, "label": 1 - d["label"]}) + "\n" for d in documents))
+    assert accuracy() == pytest.approx(1 - before)
 
 
 # Through tango run (slow) ------------------------------------------------------------------------
