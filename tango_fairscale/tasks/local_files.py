@@ -5,7 +5,7 @@ What :class:`~tango_fairscale.tasks.lm_eval.TaskSpec` fingerprints for its cache
 resolved as lm-eval and ``datasets`` resolve them: includes and ``!function`` modules next to the
 YAML that names them; ``data_files`` (a path or glob, a list of them, or a split → path/list
 mapping) relative to a local ``dataset_path`` directory, else to ``dataset_kwargs.data_dir``, else
-to the working directory. What is not local (a hub dataset, an URL, lm-eval's own modules) is
+to the working directory. What is not local (a hub dataset, a URL, lm-eval's own modules) is
 left out; a local path that does not exist is kept (its fingerprint says "missing"). Nothing is
 imported or run: the YAMLs are read with a safe loader.
 """
