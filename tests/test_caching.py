@@ -4,20 +4,28 @@ directory changed in place is computed again.
 * the unique ids of a scoring step (a constructed model) and a train step (a ``Lazy`` model) do
   not depend on Python's hash seed (a pickled model held ``GenerationConfig``'s salted hash);
 * overwriting a model directory or a task's data directory in place changes the ids of the steps
-  that read it, and only theirs;
+  that read it, and only theirs; so does editing in place any other local file a step reads: a
+  PIQA file, a file a task ``config`` or YAML names in ``dataset_kwargs.data_files`` (a string, a
+  list, a split → path or split → list mapping, a glob), a local ``dataset_path`` directory, an
+  included YAML, a ``!function`` module; a task config's labels flipped in place and scored
+  again through a workspace give the new metrics;
 * (slow) through ``tango run``: ``configs/gpt2_piqa.jsonnet`` (``train_steps=0`` and ``2``) and
   ``configs/mc_suite.jsonnet`` (local task directories) rerun under another hash seed start no
-  step; after a directory is overwritten in place, exactly the steps that read it run again.
+  step; after a directory is overwritten in place, exactly the steps that read it run again;
+  PIQA labels flipped in place give the new metrics.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -111,12 +119,197 @@ def test_a_task_data_directory_changed_in_place_changes_the_step_ids(
     assert after["train"] != before["train"] and after["scores"] != before["scores"]
 
 
+# Every kind of local file a step reads, edited in place ----------------------------------------
+
+#: lm-eval's ``piqa`` task as a config of one's own, over local files (``dataset_kwargs`` added).
+PIQA_CONFIG = {
+    "task": "my_piqa",
+    "dataset_path": "json",
+    "output_type": "multiple_choice",
+    "doc_to_text": "Question: {{goal}}\nAnswer:",
+    "doc_to_choice": "{{[sol1, sol2]}}",
+    "doc_to_target": "label",
+    "test_split": "test",
+    "metric_list": [{"metric": "acc"}],
+}
+
+PIQA_YAML = """task: my_piqa
+dataset_path: json
+output_type: multiple_choice
+doc_to_choice: "{{[sol1, sol2]}}"
+doc_to_target: label
+test_split: test
+metric_list: [{metric: acc}]
+"""
+
+
+def drop_first_line(path: Path) -> None:
+    path.write_text("".join(path.read_text().splitlines(keepends=True)[1:]))
+
+
+def replace_text(old: str, new: str):
+    def edit(path: Path) -> None:
+        path.write_text(path.read_text().replace(old, new))
+
+    return edit
+
+
+def config_task(dataset: dict[str, Any]) -> dict[str, Any]:
+    return {"config": {**PIQA_CONFIG, **dataset}}
+
+
+def yaml_task(path: Path, text: str) -> dict[str, Any]:
+    path.write_text(PIQA_YAML + text)
+    return {"yaml": str(path)}
+
+
+def local_file_kinds(root: Path) -> dict[str, tuple[dict[str, Any], Path, Callable[[Path], None]]]:
+    """Kind → (the task's params, a file it reads, an in-place edit of that file); under
+    ``root``, which holds ``data/test.jsonl`` and ``data/train.jsonl`` (PIQA documents)."""
+    data = root / "data"
+    test = data / "test.jsonl"
+    train = {"test_split": "train"}
+    (root / "base.yaml").write_text('doc_to_text: "Question: {{goal}}\\nAnswer:"\n')
+    (root / "utils.py").write_text("def text(doc):\n    return f\"Question: {doc['goal']}\"\n")
+    by_split = {"data_files": {"test": str(test)}}
+    yaml_data = f"dataset_kwargs: {{data_files: {{test: {test}}}}}\n"
+    tasks = {
+        # datasets names the split of a path or list "train"
+        "data_files: a path": config_task({"dataset_kwargs": {"data_files": str(test)}, **train}),
+        "data_files: a list": config_task({"dataset_kwargs": {"data_files": [str(test)]}, **train}),
+        "data_files: split -> path": config_task({"dataset_kwargs": by_split}),
+        "data_files: split -> list": config_task(
+            {"dataset_kwargs": {"data_files": {"test": [str(test)]}}}
+        ),
+        "data_files: a glob": config_task(
+            {"dataset_kwargs": {"data_files": {"test": str(data / "te*.jsonl")}}}
+        ),
+        "dataset_path: a directory": config_task({"dataset_path": str(data)}),
+        "a YAML's data_files": yaml_task(root / "a.yaml", yaml_data + "include: base.yaml\n"),
+        "an included YAML": yaml_task(root / "b.yaml", yaml_data + "include: base.yaml\n"),
+        "a !function module": yaml_task(
+            root / "c.yaml", yaml_data + "doc_to_text: !function utils.text\n"
+        ),
+    }
+    edits = {
+        "dataset_path: a directory": (data / "train.jsonl", drop_first_line),
+        "an included YAML": (root / "base.yaml", replace_text("Answer", "A")),
+        "a !function module": (root / "utils.py", replace_text("Question", "Q")),
+    }
+    return {kind: (task, *edits.get(kind, (test, drop_first_line))) for kind, task in tasks.items()}
+
+
+KINDS = [
+    "data_files: a path",
+    "data_files: a list",
+    "data_files: split -> path",
+    "data_files: split -> list",
+    "data_files: a glob",
+    "dataset_path: a directory",
+    "a YAML's data_files",
+    "an included YAML",
+    "a !function module",
+]
+
+
+@pytest.fixture(scope="module")
+def scoring_model(tiny_model_dir: Path):
+    from tango_fairscale.model.causal_lm import ModelWrapper
+
+    return ModelWrapper(str(tiny_model_dir))
+
+
+def scores_id(model: Any, task: dict[str, Any]) -> str:
+    from tango.common import Params
+
+    from tango_fairscale.evaluation.steps import TaskScoresStep
+    from tango_fairscale.tasks.lm_eval import TaskSpec
+
+    spec = TaskSpec.from_params(Params(copy.deepcopy(task)))  # as a config gives it
+    return TaskScoresStep(model=model, task=spec).unique_id
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_file_a_task_names_changed_in_place_changes_the_step_id(
+    tmp_path: Path, scoring_model: Any, kind: str
+) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    shutil.copy(FIXTURE_TASKS / "piqa" / "validation.jsonl", data / "test.jsonl")
+    shutil.copy(FIXTURE_TASKS / "piqa" / "train.jsonl", data / "train.jsonl")
+    task, path, edit = local_file_kinds(tmp_path)[kind]
+    before = scores_id(scoring_model, task)
+    assert scores_id(scoring_model, task) == before
+    edit(path)
+    assert scores_id(scoring_model, task) != before
+
+
+def test_piqa_files_changed_in_place_change_the_step_ids(
+    tmp_path: Path, piqa_dir: Path, scoring_model: Any
+) -> None:
+    from tango_fairscale.tasks.piqa import PIQA_FILES, PiqaDataStep
+
+    data_dir = tmp_path / "piqa"
+    data_dir.mkdir()
+    for name in PIQA_FILES:
+        shutil.copy(piqa_dir / name, data_dir / name)
+
+    def ids() -> tuple[str, str]:
+        piqa = PiqaDataStep(data_dir=str(data_dir), limit=8)
+        task = {"name": "piqa", "dataset": piqa}
+        return piqa.unique_id, scores_id(scoring_model, task)
+
+    before = ids()
+    assert ids() == before
+    flip_labels(data_dir / "valid-labels.lst", 8)
+    after = ids()
+    assert after[0] != before[0] and after[1] != before[1]
+
+
+def flip_labels(path: Path, count: int) -> None:
+    """Flip the first ``count`` labels of a PIQA ``.lst`` file in place."""
+    labels = path.read_text().splitlines()
+    flipped = [str(1 - int(label)) for label in labels[:count]] + labels[count:]
+    path.write_text("\n".join(flipped) + "\n")
+
+
+def test_a_task_config_rescored_after_its_data_files_changed_in_place(
+    tmp_path: Path, scoring_model: Any
+) -> None:
+    """The README's ``{config: {..., dataset_kwargs: {data_files: {test: ...}}}}``: the labels
+    flipped in place, scoring again through the workspace gives the new metrics."""
+    from tango.common import Params
+    from tango.workspaces import LocalWorkspace
+
+    from tango_fairscale.evaluation.steps import TaskScoresStep
+    from tango_fairscale.tasks.lm_eval import TaskSpec
+
+    test = tmp_path / "test.jsonl"
+    shutil.copy(FIXTURE_TASKS / "piqa" / "validation.jsonl", test)
+    task = config_task({"dataset_kwargs": {"data_files": {"test": str(test)}}})
+    workspace = LocalWorkspace(tmp_path / "workspace")
+
+    def accuracy() -> float:
+        spec = TaskSpec.from_params(Params(copy.deepcopy(task)))
+        scores = TaskScoresStep(model=scoring_model, task=spec).result(workspace)
+        return scores["results"]["my_piqa"]["acc,none"]
+
+    before = accuracy()
+    assert before != 0.5  # else 1 - before would not tell a stale result
+    documents = [json.loads(line) for line in test.read_text().splitlines()]
+    test.write_text("".join(json.dumps({**d, "label": 1 - d["label"]}) + "\n" for d in documents))
+    assert accuracy() == pytest.approx(1 - before)
+
+
 # Through tango run (slow) ------------------------------------------------------------------------
 
 
-def tango_run(config: str, workspace: Path, defines: dict[str, str], hash_seed: str) -> str:
-    """``tango run config -w workspace -D ...`` from the repository root; its output."""
+def tango_run(
+    config: str, workspace: Path, defines: dict[str, str], hash_seed: str, name: str | None = None
+) -> str:
+    """``tango run config -w workspace [-n name] -D ...`` from the repository root; its output."""
     command = [sys.executable, "-m", "tango", "run", config, "-w", str(workspace)]
+    command += ["-n", name] if name is not None else []
     for name, value in defines.items():
         command += ["-D", f"{name}={value}"]
     env = {**os.environ, "PYTHONHASHSEED": hash_seed, "OMP_NUM_THREADS": "1"}
@@ -187,3 +380,32 @@ def test_mc_suite_reruns_start_no_step_until_a_task_directory_changes(
     lines = (copa / "validation.jsonl").read_text().splitlines()
     (copa / "validation.jsonl").write_text("\n".join(reversed(lines)) + "\n")
     assert started(tango_run(config, workspace, defines, "3")) == {"scores_copa", "metrics"}
+
+
+@pytest.mark.slow
+def test_gpt2_piqa_rerun_after_labels_flipped_in_place_gives_the_new_metrics(
+    tmp_path: Path, tokenizer_dir: Path, piqa_dir: Path
+) -> None:
+    from conftest import save_tiny_gpt2
+    from tango import Workspace
+
+    from tango_fairscale.tasks.piqa import PIQA_FILES
+
+    model_dir = save_tiny_gpt2(tmp_path / "model", tokenizer_dir, seed=1, n_positions=256)
+    data_dir = tmp_path / "piqa"
+    data_dir.mkdir()
+    for name in PIQA_FILES:
+        shutil.copy(piqa_dir / name, data_dir / name)
+    defines = {"model": str(model_dir), "data_dir": str(data_dir), "train_steps": "0"}
+    defines |= {"limit": "8", "engine": "ddp", "batch_size": "4"}
+    config, workspace = "configs/gpt2_piqa.jsonnet", tmp_path / "workspace"
+    steps = {"piqa", "predictions", "metrics"}
+    assert started(tango_run(config, workspace, defines, "1", name="before")) == steps
+    flip_labels(data_dir / "valid-labels.lst", 8)  # the same path, the same file names
+    assert started(tango_run(config, workspace, defines, "2", name="after")) == steps
+    results = Workspace.from_url(str(workspace))
+    before, after = (results.step_result_for_run(run, "metrics") for run in ("before", "after"))
+    assert after["num_examples"] == before["num_examples"] == 8
+    for metric in ("acc", "acc_norm"):  # two choices: every answer is now wrong or right
+        assert after[metric] == pytest.approx(1 - before[metric]), (before, after)
+    assert started(tango_run(config, workspace, defines, "3")) == set()

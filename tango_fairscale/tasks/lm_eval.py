@@ -9,7 +9,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,8 @@ from tango.common.exceptions import ConfigurationError
 from .. import compat  # noqa: F401  (Tango fixes)
 from ..checks import did_you_mean, one_line, positive_int
 from ..compat.lm_eval import compile_templates_once
-from ..model.fingerprint import files_fingerprint
+from ..records.fingerprint import local_fingerprint
+from .local_files import dataset_files, yaml_files
 
 logger = logging.getLogger(__name__)
 
@@ -119,16 +119,22 @@ class TaskSpec(FromParams, CustomDetHash):
 
     def det_hash_object(self) -> Any:
         fields = tuple((f.name, getattr(self, f.name)) for f in dataclasses.fields(self))
-        return (fields, files_fingerprint(self.local_files()))
+        return (fields, local_fingerprint(self.local_files()))
 
     def local_files(self) -> list[Path]:
-        """The files the task reads from disk: ``data_dir``'s ``<split>.jsonl``, the ``yaml``,
-        the YAMLs it includes and the Python files of its ``!function`` s (not lm-eval's own)."""
-        files = []
+        """The files (and directories) the task reads from disk
+        (:mod:`~tango_fairscale.tasks.local_files`): ``data_dir``'s ``<split>.jsonl``, else the
+        data its ``yaml`` or ``config`` names; the ``yaml``, the YAMLs it includes and its
+        ``!function`` modules (not lm-eval's own)."""
+        files: list[Path] = []
         if self.data_dir is not None:
             files += sorted(Path(self.data_dir).expanduser().glob("*.jsonl"))
+        config = self.config
         if self.yaml is not None:
-            files += _yaml_files(Path(self.yaml).expanduser(), set())
+            definitions, config = yaml_files(Path(self.yaml))
+            files += definitions
+        if self.data_dir is None and self.dataset is None and config is not None:
+            files += dataset_files(config)
         return files
 
     @property
@@ -140,28 +146,6 @@ class TaskSpec(FromParams, CustomDetHash):
             return Path(self.yaml).stem
         assert self.config is not None
         return str(self.config.get("task") or self.config.get("group") or "task")
-
-
-_INCLUDE = re.compile(r"""^include:\s*['"]?([^'"\s#]+)""", re.MULTILINE)
-_FUNCTION = re.compile(r"!function\s+([\w.]+)")
-
-
-def _yaml_files(path: Path, seen: set[Path]) -> list[Path]:
-    """``path`` (a task YAML), the local YAMLs it includes (recursively) and its functions'
-    Python files; what does not exist (an lm-eval YAML included by name) is left out."""
-    path = path.resolve()
-    if path in seen or not path.is_file():
-        return []
-    seen.add(path)
-    text = path.read_text(errors="replace")
-    files = [path]
-    for match in _INCLUDE.finditer(text):
-        files += _yaml_files(path.parent / match.group(1), seen)
-    for match in _FUNCTION.finditer(text):
-        module = path.parent / (match.group(1).rsplit(".", 1)[0].replace(".", "/") + ".py")
-        if module.is_file() and module not in files:
-            files.append(module)
-    return files
 
 
 # --- loading ------------------------------------------------------------------------------------

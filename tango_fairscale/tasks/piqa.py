@@ -26,14 +26,17 @@ import os
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from cached_path import get_cache_dir
 from tango import Step
 from tango.common.dataset_dict import DatasetDict
+from tango.common.det_hash import CustomDetHash
 
 from .. import compat  # noqa: F401  (Tango fixes)
 from ..checks import one_line, positive_int
+from ..records.fingerprint import local_fingerprint
+from .format import DatasetDictFormat
 
 PIQA_URL = "https://yonatanbisk.com/piqa/data/"
 """Where the official release files are downloaded from when no ``data_dir`` is given."""
@@ -277,6 +280,15 @@ def store(body: bytes, name: str, path: Path) -> None:
 # Step ---------------------------------------------------------------------------------------
 
 
+class PiqaDirectory(str, CustomDetHash):
+    """A PIQA ``data_dir`` (a ``str``) whose Tango hash is its path and the fingerprint of the
+    files in it that :func:`read_piqa` reads (:data:`PIQA_FILES`), taken when it is hashed."""
+
+    def det_hash_object(self) -> Any:
+        directory = Path(self).expanduser()
+        return (str(self), local_fingerprint([directory / name for name in PIQA_FILES]))
+
+
 @Step.register("tango_fairscale::piqa")
 class PiqaDataStep(Step[DatasetDict]):
     """The PIQA splits ``train`` / ``validation`` / ``test`` as lists of example dicts.
@@ -289,6 +301,10 @@ class PiqaDataStep(Step[DatasetDict]):
     without it they are downloaded from :data:`PIQA_URL` into a cache directory. ``limit`` keeps
     the first ``limit`` examples of each split.
 
+    Its cache key holds the fingerprint of the five files in ``data_dir`` (by content): files
+    changed in place are read again. The result is stored as JSON
+    (:class:`~tango_fairscale.tasks.format.DatasetDictFormat`), never pickled.
+
     .. code-block:: jsonnet
 
         steps: {
@@ -296,9 +312,18 @@ class PiqaDataStep(Step[DatasetDict]):
         }
     """
 
-    VERSION = "001"
+    VERSION = "002"
     DETERMINISTIC = True
     CACHEABLE = True
+    FORMAT = DatasetDictFormat()
+
+    @classmethod
+    def massage_kwargs(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """``data_dir`` hashes as its path and its files (:class:`PiqaDirectory`)."""
+        data_dir = kwargs.get("data_dir")
+        if isinstance(data_dir, str) and data_dir and not isinstance(data_dir, PiqaDirectory):
+            kwargs = {**kwargs, "data_dir": PiqaDirectory(data_dir)}
+        return kwargs
 
     def run(  # type: ignore[override]
         self, data_dir: str | None = None, limit: int | None = None

@@ -1,0 +1,60 @@
+"""How a data step's ``DatasetDict`` is stored in the workspace: one JSON file, read back as data
+only (no pickle, no class named by the file: nothing read runs code)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tango import Format
+from tango.common.aliases import PathOrStr
+from tango.common.dataset_dict import DatasetDict
+
+from .. import compat  # noqa: F401  (Tango fixes)
+
+DATA_FILE = "dataset_dict.json"
+
+
+@Format.register("tango_fairscale::dataset_dict")
+class DatasetDictFormat(Format[DatasetDict]):
+    """Stores a Tango ``DatasetDict`` whose splits are lists of JSON values (dicts of strings and
+    numbers, ...) as ``{"splits": {name: [...]}, "metadata": {...}}`` in ``dataset_dict.json``.
+
+    Registered as a Tango ``Format`` under the name ``"tango_fairscale::dataset_dict"``. Reading
+    builds lists, dicts, strings and numbers, and a ``DatasetDict`` of them; a file of another
+    shape raises a one-line ``ValueError`` naming it.
+    """
+
+    VERSION = "001"
+
+    def write(self, artifact: DatasetDict, dir: PathOrStr) -> None:
+        stored = {
+            "splits": {name: list(split) for name, split in artifact.splits.items()},
+            "metadata": dict(artifact.metadata),
+        }
+        with (Path(dir) / DATA_FILE).open("w", encoding="utf-8") as file:
+            json.dump(stored, file, allow_nan=False)
+
+    def read(self, dir: PathOrStr) -> DatasetDict:
+        path = Path(dir) / DATA_FILE
+        try:
+            with path.open(encoding="utf-8") as file:
+                stored: Any = json.load(file)
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            reason = f"{type(error).__name__}: {error}"
+            raise ValueError(
+                f"{path} is not JSON ({reason}); delete {dir} to compute the step again"
+            ) from None
+        splits = stored.get("splits") if isinstance(stored, dict) else None
+        metadata = stored.get("metadata") if isinstance(stored, dict) else None
+        if (
+            not isinstance(splits, dict)
+            or not all(isinstance(split, list) for split in splits.values())
+            or not isinstance(metadata, dict)
+        ):
+            raise ValueError(
+                f"{path} is not a stored DatasetDict ({{'splits': {{name: [...]}}, 'metadata': "
+                f"{{...}}}}); delete {dir} to compute the step again"
+            )
+        return DatasetDict(splits=splits, metadata=metadata)

@@ -1,0 +1,78 @@
+"""``DatasetDictFormat``: a data step's ``DatasetDict`` stored as JSON, read back as data only.
+
+* strings kept exactly (unicode, trailing and double spaces), labels, metadata;
+* the PIQA step stores its result in it: one JSON file in the workspace, no pickle;
+* a stored file naming a class or module (as Tango's ``JsonFormat`` would rebuild) is read as
+  plain data: nothing is imported; a file of another shape is refused in one line.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import make_piqa_dir
+from tango.common.dataset_dict import DatasetDict
+from tango.workspaces import LocalWorkspace
+
+from tango_fairscale.tasks.format import DATA_FILE, DatasetDictFormat
+from tango_fairscale.tasks.piqa import PiqaDataStep
+
+EXAMPLES = [
+    {"goal": "Café  au lait ", "sol1": "ünïcødé ✓", "sol2": "b", "label": 0},
+    {"goal": "x", "sol1": "a", "sol2": "b\n", "label": -1},
+]
+
+
+def test_round_trip(tmp_path: Path) -> None:
+    stored = DatasetDict(splits={"train": EXAMPLES, "test": []}, metadata={"source": "piqa"})
+    DatasetDictFormat().write(stored, tmp_path)
+    assert [path.name for path in tmp_path.iterdir()] == [DATA_FILE]
+    assert json.loads((tmp_path / DATA_FILE).read_text())["splits"]["train"] == EXAMPLES
+    read = DatasetDictFormat().read(tmp_path)
+    assert isinstance(read, DatasetDict)
+    assert read.splits == stored.splits and read.metadata == stored.metadata
+
+
+def test_the_piqa_step_stores_json_not_a_pickle(tmp_path: Path) -> None:
+    workspace = LocalWorkspace(tmp_path / "workspace")
+    step = PiqaDataStep(data_dir=str(make_piqa_dir(tmp_path / "piqa")), limit=2)
+    assert isinstance(step.format, DatasetDictFormat)
+    result = step.result(workspace)
+    files = [p for p in (tmp_path / "workspace" / "cache").rglob("*") if p.is_file()]
+    stored = [p.name for p in files if p.parent.name == step.unique_id]
+    assert DATA_FILE in stored and not [name for name in stored if "dill" in name], stored
+    again = PiqaDataStep(data_dir=str(tmp_path / "piqa"), limit=2).result(workspace)
+    assert again.splits == result.splits and len(again["validation"]) == 2
+
+
+def test_a_stored_class_name_is_read_as_data(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    modules = tmp_path / "modules"
+    modules.mkdir()
+    marker = tmp_path / "imported"
+    (modules / "planted_module.py").write_text(
+        f"open({str(marker)!r}, 'w').close()\nclass Boom:\n    def __init__(self, **kw): pass\n"
+    )
+    monkeypatch.syspath_prepend(str(modules))
+    planted = {"_dataclass": ["planted_module", "Boom"]}
+    stored = {"splits": {"train": [planted]}, "metadata": planted, "_dataclass": planted}
+    (tmp_path / DATA_FILE).write_text(json.dumps(stored))
+    read = DatasetDictFormat().read(tmp_path)
+    assert read.splits == {"train": [planted]} and read.metadata == planted
+    assert not marker.exists() and "planted_module" not in sys.modules
+
+
+@pytest.mark.parametrize(
+    "content",
+    ["[1, 2]", '{"splits": {"train": 3}, "metadata": {}}', '{"splits": {}}', "{not json", "\udcff"],
+)
+def test_another_shape_is_refused_in_one_line(tmp_path: Path, content: str) -> None:
+    (tmp_path / DATA_FILE).write_bytes(content.encode("utf-8", "surrogateescape"))
+    with pytest.raises(ValueError) as error:
+        DatasetDictFormat().read(tmp_path)
+    message = str(error.value)
+    assert "\n" not in message and str(tmp_path / DATA_FILE) in message, message
