@@ -244,8 +244,10 @@ def _source(spec: TaskSpec) -> tuple[Any, Any]:
 
 def _keep_splits(config: dict[str, Any], present: list[str], task: str) -> None:
     """Forget the splits of ``config`` that local data does not hold (a task scores its test
-    split, else its validation split; few-shot examples come from its training split, else from
-    the one it scores): one of the two it can score must be there."""
+    split, else its validation split; few-shot examples come from its few-shot split, else its
+    training split, else its validation split, else its test split): one of the two it can score
+    must be there. When few-shot examples then come from the scored split, no document is shown
+    in its own context (:func:`_fewshot_from_the_scored_split`)."""
     evaluated = [config.get(key) for key in ("test_split", "validation_split") if config.get(key)]
     if not any(split in present for split in evaluated):
         raise ConfigurationError(
@@ -258,6 +260,29 @@ def _keep_splits(config: dict[str, Any], present: list[str], task: str) -> None:
     fewshot = config.get("fewshot_config")
     if isinstance(fewshot, dict) and fewshot.get("split") not in (None, *present):
         config["fewshot_config"] = {**fewshot, "split": None}
+    _fewshot_from_the_scored_split(config)
+
+
+def _fewshot_from_the_scored_split(config: dict[str, Any]) -> None:
+    """Make lm-eval leave each document out of its own context when its few-shot examples come
+    from the split it scores. lm-eval does so only when the few-shot split it is given equals
+    ``test_split``; local data that lacks the other splits would otherwise show documents, with
+    their answers, in their own contexts. So name the scored split as both, lm-eval's own form
+    for drawing few-shot examples from the scored split."""
+    fewshot = config.get("fewshot_config") if isinstance(config.get("fewshot_config"), dict) else {}
+    named = fewshot.get("split") or config.get("fewshot_split")  # lm-eval's few-shot split
+    if named is None and fewshot.get("samples") is not None:
+        return  # examples listed in the config, not drawn from a split
+    scored = config.get("test_split") or config.get("validation_split")
+    fallback = [config.get(key) for key in ("training_split", "validation_split", "test_split")]
+    source = named or next((split for split in fallback if split), None)
+    if scored is None or source != scored or named == config.get("test_split"):
+        return
+    config.update(test_split=scored, fewshot_split=scored)
+    if config.get("validation_split") == scored:
+        config["validation_split"] = None
+    if fewshot.get("split"):
+        config["fewshot_config"] = {**fewshot, "split": scored}
 
 
 def _check_output_type(task: str, output_type: str) -> None:
