@@ -122,6 +122,18 @@ class TaskSpec(FromParams, CustomDetHash):
             )
         if self.config is not None and not isinstance(self.config, dict):
             raise ConfigurationError(f"a task 'config' must be an object, got {self.config!r}")
+        self._check_sources()
+
+    def _check_sources(self) -> None:
+        """Refuse at once — Tango builds every step's spec before it runs any step — a name
+        lm-eval does not know, a ``yaml`` or ``data_dir`` that is not there."""
+        local = self.data_dir is not None or self.dataset is not None
+        if self.name is not None:
+            _builtin(self.name, local)
+        if self.yaml is not None and not Path(self.yaml).expanduser().is_file():
+            raise ConfigurationError(f"task YAML {self.yaml!r} does not exist")
+        if self.data_dir is not None:
+            _data_files(self.data_dir, self.label)
 
     @classmethod
     def from_params(  # type: ignore[override]
@@ -338,8 +350,6 @@ def _source(spec: TaskSpec) -> tuple[Any, Any, LocalDocuments | None]:
         config = dict(spec.config)
     elif spec.yaml is not None:
         path = Path(spec.yaml).expanduser()
-        if not path.is_file():
-            raise ConfigurationError(f"task YAML {spec.yaml!r} does not exist")
         try:
             config = load_yaml(path.resolve(), resolve_func=True)
         except Exception as error:  # yaml's errors, a missing include, a bad !function
@@ -348,16 +358,8 @@ def _source(spec: TaskSpec) -> tuple[Any, Any, LocalDocuments | None]:
             ) from None
     else:
         assert spec.name is not None
-        kind, yaml_path = _builtin_index().get(spec.name, (None, None))
-        if kind is None:
-            close = did_you_mean(spec.name, _builtin_index(), n=3)
-            raise ConfigurationError(f"unknown lm-eval task {spec.name!r}{close}")
+        kind, yaml_path = _builtin(spec.name, local)
         if kind != "TASK" or yaml_path is None:  # groups, tags and Python tasks
-            if local:
-                raise ConfigurationError(
-                    f"{spec.name!r} is an lm-eval {kind.lower()}: give 'data_dir' or 'dataset' "
-                    "to its tasks one by one"
-                )
             return _full_task_manager(), spec.name, None
         config = load_yaml(Path(yaml_path), resolve_func=True)
     _check_output_type(spec.label, config.get("output_type", "generate_until"))
@@ -428,6 +430,22 @@ def _check_output_type(task: str, output_type: str) -> None:
             f"task {task!r} has output_type {output_type!r}: the package scores log-likelihoods "
             f"({', '.join(SCORED_OUTPUT_TYPES)}) and does not generate text; choose another task"
         )
+
+
+def _builtin(name: str, local: bool) -> tuple[str, str | None]:
+    """``(kind, YAML path)`` of an lm-eval task, group or tag; an unknown name is refused with
+    the closest ones, and a group or tag with local data (which its tasks take one by one)."""
+    kind, yaml_path = _builtin_index().get(name, (None, None))
+    if kind is None:
+        raise ConfigurationError(
+            f"unknown lm-eval task {name!r}{did_you_mean(name, _builtin_index(), n=3)}"
+        )
+    if local and (kind != "TASK" or yaml_path is None):
+        raise ConfigurationError(
+            f"{name!r} is an lm-eval {kind.lower()}: give 'data_dir' or 'dataset' to its tasks "
+            "one by one"
+        )
+    return kind, yaml_path
 
 
 def _data_files(data_dir: str, task: str) -> dict[str, str]:
