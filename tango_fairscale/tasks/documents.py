@@ -110,6 +110,16 @@ def _typed_fields(value: Any, prefix: str = "") -> Iterator[tuple[str, str, Any]
             yield from _typed_fields(item, field)
 
 
+def _innermost(error: BaseException) -> BaseException:
+    """The exception at the bottom of ``error``'s chain (what a library wrapped)."""
+    for _ in range(20):
+        inner = error.__cause__ or error.__context__
+        if inner is None:
+            break
+        error = inner
+    return error
+
+
 def _short(value: Any, limit: int = 60) -> str:
     text = one_line(repr(value))
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -135,11 +145,9 @@ class LocalDocuments:
         try:
             loaded = datasets.load_dataset("json", data_files=dict(files))
         except Exception as error:  # the datasets library's or pyarrow's, wrapped
-            while error.__cause__ is not None or error.__context__ is not None:
-                error = error.__cause__ or error.__context__  # type: ignore[assignment]
             raise ConfigurationError(
                 f"the datasets library cannot read {', '.join(files.values())} "
-                f"({reason(error)}); fix the files"
+                f"({reason(_innermost(error))}); fix the files"
             ) from None
         return cls(dict(loaded), positions, dict(files))
 
@@ -148,11 +156,17 @@ class LocalDocuments:
         """The splits of a Tango ``DatasetDict`` that hold documents."""
         import datasets
 
-        splits = {
-            split: datasets.Dataset.from_list(list(dataset[split]))
-            for split in dataset.keys()
-            if len(dataset[split])
-        }
+        splits = {}
+        for split in dataset.keys():
+            if not len(dataset[split]):
+                continue
+            try:
+                splits[split] = datasets.Dataset.from_list(list(dataset[split]))
+            except Exception as error:  # pyarrow's, for a field of two types, say
+                raise ConfigurationError(
+                    f"split {split!r} of the task's dataset is not a table "
+                    f"({reason(_innermost(error))}); give each field one type"
+                ) from None
         return cls(splits, {split: list(range(len(rows))) for split, rows in splits.items()}, {})
 
     def __call__(self, **_: Any) -> Any:

@@ -363,20 +363,13 @@ def _source(spec: TaskSpec) -> tuple[Any, Any, LocalDocuments | None]:
             return _full_task_manager(), spec.name, None
         config = load_yaml(Path(yaml_path), resolve_func=True)
     _check_output_type(spec.label, config.get("output_type", "generate_until"))
-    documents = None
+    if not local:
+        return TaskManager(include_defaults=False), config, None
+    documents = _documents(spec)
+    _keep_splits(config, list(documents.splits), spec.label)
     if spec.data_dir is not None:
-        files = _data_files(spec.data_dir, spec.label)
-        _keep_splits(config, list(files), spec.label)
-        try:
-            documents = LocalDocuments.from_files(files)
-        except ConfigurationError as error:
-            raise ConfigurationError(f"task {spec.label!r}: {error}") from None
         config.update(dataset_path="json", dataset_name=None)
-    elif spec.dataset is not None:
-        documents = LocalDocuments.from_dataset(spec.dataset)
-        _keep_splits(config, list(documents.splits), spec.label)
-    if documents is not None:
-        config["dataset_kwargs"] = None  # the documents are lm-eval's custom_dataset
+    config["dataset_kwargs"] = None  # the documents are lm-eval's custom_dataset
     return TaskManager(include_defaults=False), config, documents
 
 
@@ -430,6 +423,18 @@ def _check_output_type(task: str, output_type: str) -> None:
             f"task {task!r} has output_type {output_type!r}: the package scores log-likelihoods "
             f"({', '.join(SCORED_OUTPUT_TYPES)}) and does not generate text; choose another task"
         )
+
+
+def _documents(spec: TaskSpec) -> LocalDocuments:
+    """``spec``'s own documents (``data_dir`` or ``dataset``), read and checked."""
+    files = None if spec.data_dir is None else _data_files(spec.data_dir, spec.label)
+    try:
+        if files is not None:
+            return LocalDocuments.from_files(files)
+        assert spec.dataset is not None
+        return LocalDocuments.from_dataset(spec.dataset)
+    except ConfigurationError as error:
+        raise ConfigurationError(f"task {spec.label!r}: {error}") from None
 
 
 def _builtin(name: str, local: bool) -> tuple[str, str | None]:

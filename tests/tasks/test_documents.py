@@ -207,6 +207,10 @@ def test_a_tango_dataset_document_is_named_by_split_and_index() -> None:
     with pytest.raises(ConfigurationError) as error:
         load_tasks(TaskSpec(name="piqa", dataset=bad))
     one_line(error.value, "task 'piqa': split 'validation' document 2: its answer (read from")
+    mixed = DatasetDict(splits={"validation": rows[:2] + [{**rows[2], "label": "x"}]})
+    with pytest.raises(ConfigurationError) as error:  # was pyarrow's ArrowInvalid traceback
+        load_tasks(TaskSpec(name="piqa", dataset=mixed))
+    one_line(error.value, "task 'piqa': split 'validation' of the task's dataset is not a table")
 
 
 @pytest.mark.parametrize("task", TASKS)
