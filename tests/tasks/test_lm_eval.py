@@ -79,6 +79,16 @@ def test_no_document_is_a_few_shot_example_in_its_own_context(
     assert contexts == len(task.eval_docs) and leaks == 0
 
 
+def test_a_few_shot_split_named_as_the_validation_split_scored_leaves_the_document_out() -> None:
+    # lm-eval leaves the document out only when the few-shot split equals test_split (None here).
+    config = {**task_config("piqa"), "fewshot_split": "validation"}
+    spec = TaskSpec(config=config, data_dir=str(FIXTURES / "piqa"), num_fewshot=3)
+    task = load_tasks(spec)["tasks"]["piqa"]
+    task.set_fewshot_seed(seed=spec.fewshot_seed)
+    leaks, contexts = own_document_draws(task)
+    assert contexts == len(task.eval_docs) == 26 and leaks == 0
+
+
 def lm_eval_on_the_same_files(task: str, num_fewshot: int) -> dict:
     """lm-eval itself (``simple_evaluate``) on its own task reading only the scored split's file:
     the splits the file does not hold unset, and for a task that scores its test split, that
