@@ -343,7 +343,7 @@ class _GoldCheck:
             self.fields = self._answer_fields(doc)
         missing = [field for field in self.fields if doc.get(field) is None]
         if missing:
-            return f"{_names(missing)} is missing"
+            return f"{_names(missing)} {'is' if len(missing) == 1 else 'are'} missing"
         source = f" from {_names(self.fields)}" if self.fields else ""
         try:
             choices = self.task.doc_to_choice(doc)
