@@ -32,8 +32,13 @@ local names = [name for name in std.split(std.extVar('tasks'), ',') if name != '
 local model = { type: 'tango_fairscale::causal_lm', model: std.extVar('model') };
 local ref(name) = { type: 'ref', ref: name };
 
+local repeated = std.set([name for name in names if std.count(names, name) > 1]);
+
 assert std.length(names) > 0 : '-D tasks must name at least one lm-eval task';
+assert std.length(repeated) == 0 :
+       '-D tasks lists %s more than once; list each task once' % std.join(', ', repeated);
 assert train_steps >= 0 : 'train_steps must be 0 (evaluate only) or positive';
+assert limit >= 0 : 'limit must be 0 (all examples) or positive, got %d' % limit;
 local precisions = ['auto', '32-true', 'bf16-mixed', '16-mixed', 'bf16-true'];
 assert std.member(precisions, std.extVar('precision')) :
        '-D precision must be one of %s, got "%s"' % [std.join(', ', precisions), std.extVar('precision')];

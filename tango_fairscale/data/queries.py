@@ -13,7 +13,7 @@ encodes them.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -23,6 +23,8 @@ class Query:
 
     tokens: tuple[int, ...]  # context + continuation, left-truncated to max_length + 1
     continuation_length: int  # how many of the last ``tokens`` are scored
+    # Continuation tokens cut off by the truncation: the model predicts max_length at most.
+    unscored: int = field(default=0, compare=False)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -58,7 +60,8 @@ def encode_pairs(tokenizer: Any, pairs: Sequence[tuple[str, str]], max_length: i
         tokens = (context_tokens + continuation_tokens)[-(max_length + 1) :]
         # A continuation longer than the window is scored on the tokens the model can predict
         # (lm-eval's HF backend refuses it).
-        queries.append(Query(tuple(tokens), min(len(continuation_tokens), len(tokens) - 1)))
+        scored = min(len(continuation_tokens), len(tokens) - 1)
+        queries.append(Query(tuple(tokens), scored, len(continuation_tokens) - scored))
     return queries
 
 

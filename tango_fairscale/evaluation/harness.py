@@ -33,7 +33,8 @@ def evaluate_task(
     """``lm_eval.evaluator.evaluate`` of ``spec``'s tasks (``loaded``: already loaded by
     :func:`~tango_fairscale.tasks.lm_eval.load_tasks`) with ``lm``, seeded as
     ``simple_evaluate`` seeds the few-shot choice; lm-eval's results JSON (:data:`RESULT_KEYS`)
-    with its ``samples`` (:data:`SAMPLE_KEYS`). Call on every rank of a process group when
+    with its ``samples`` (:data:`SAMPLE_KEYS`) and, when ``strict: false`` left documents out,
+    ``skipped_documents`` (``{task: count}``). Call on every rank of a process group when
     ``lm`` scores on all of them."""
     from lm_eval.evaluator import evaluate
 
@@ -58,6 +59,8 @@ def evaluate_task(
             ) from None
         raise
     scores = {key: json_safe(output[key]) for key in RESULT_KEYS if key in output}
+    if loaded.get("skipped_documents"):  # strict: false left them out
+        scores["skipped_documents"] = dict(loaded["skipped_documents"])
     scores["samples"] = {
         task: [
             {key: json_safe(sample[key]) for key in SAMPLE_KEYS if key in sample}

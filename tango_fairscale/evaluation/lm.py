@@ -31,7 +31,10 @@ class ScorerLM(LM):
     depend on the world size), each rank scores a slice of the requests and every rank gets all
     answers (:func:`~tango_fairscale.evaluation.scoring.score_on_all_ranks`): call it on every
     rank. ``loglikelihood_rolling`` scores lm-eval's disjoint windows the same way;
-    ``generate_until`` is refused (the tasks are checked before any scoring).
+    ``generate_until`` is refused (the tasks are checked before any scoring). A continuation
+    longer than the model's window is scored on its last ``max_length`` tokens (lm-eval's HF
+    backend refuses it): each ``loglikelihood`` call warns once with how many, and
+    ``truncated_continuations`` counts them all.
     """
 
     def __init__(
@@ -55,12 +58,25 @@ class ScorerLM(LM):
         self.max_batch_tokens = max_batch_tokens
         self.packed = packed
         self.progress = progress
+        self.truncated_continuations = 0
 
     def loglikelihood(
         self, requests: Sequence[Any], disable_tqdm: bool = False
     ) -> list[tuple[float, bool]]:
         pairs = [(request.args[0], request.args[1]) for request in requests]
-        return self._score(encode_pairs(self.tokenizer, pairs, self.max_length), disable_tqdm)
+        queries = encode_pairs(self.tokenizer, pairs, self.max_length)
+        truncated = sum(1 for query in queries if query.unscored)
+        if truncated:
+            logger.warning(
+                "%s of %s continuations are longer than the model's %s-token window: each is "
+                "scored on its last %s tokens only (lm-eval's HF backend refuses them)",
+                f"{truncated:,}",
+                f"{len(queries):,}",
+                self.max_length,
+                self.max_length,
+            )
+            self.truncated_continuations += truncated
+        return self._score(queries, disable_tqdm)
 
     def loglikelihood_rolling(
         self, requests: Sequence[Any], disable_tqdm: bool = False

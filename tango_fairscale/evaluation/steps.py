@@ -47,7 +47,10 @@ class TaskScoresStep(Step[dict]):
     Returns lm-eval's results JSON for the task (``results`` with keys such as ``acc,none`` and
     ``acc_stderr,none``, ``groups``, ``n-samples``, ``n-shot``, ``versions``, ...) and its
     ``samples``: per document its requests (``arguments``), their ``(log-likelihood, greedy)``
-    answers (``resps``) and metric values.
+    answers (``resps``) and metric values; ``truncated_continuations``: how many continuations
+    were longer than the model's window and scored on their last tokens only (lm-eval's HF
+    backend refuses them; a warning says so), and, when ``strict: false`` left documents out,
+    ``skipped_documents`` (``{task: count}``).
 
     Example (Jsonnet)::
 
@@ -102,6 +105,7 @@ class TaskScoresStep(Step[dict]):
         with scoring_precision(model, resolved):
             scores = evaluate_task(lm, task, loaded, bootstrap_iters)
         scores["config"] = {"precision": resolved.name, "device": device.type}
+        scores["truncated_continuations"] = lm.truncated_continuations
         return scores
 
 

@@ -20,9 +20,18 @@ from tango.common.det_hash import CustomDetHash
 from tango.common.exceptions import ConfigurationError
 
 from .. import compat  # noqa: F401  (Tango fixes)
-from ..checks import did_you_mean, one_line, positive_int
+from ..checks import boolean, did_you_mean, one_line, positive_int, reason
 from ..compat.lm_eval import compile_templates_once
 from ..records.fingerprint import local_fingerprint
+from .documents import (
+    BadAnswer,
+    LocalDocuments,
+    Problem,
+    answer_indices,
+    find_problems,
+    process_documents,
+    refusal,
+)
 from .local_files import dataset_files, yaml_files
 
 logger = logging.getLogger(__name__)
@@ -63,6 +72,10 @@ class TaskSpec(FromParams, CustomDetHash):
     :param num_fewshot: few-shot examples per context (``null``: the task's own default, else 0).
     :param fewshot_seed: seeds the choice of few-shot examples (lm-eval's default 1234).
     :param limit: score only the first ``limit`` documents (``null``: all).
+    :param strict: refuse a document that cannot be scored (its answer is not one of its
+        choices, say; see :mod:`~tango_fairscale.tasks.documents`) in one line naming its file
+        and line (``true``, the default), or leave such documents out of a task's own
+        ``data_dir`` or ``dataset``, logging how many (``false``).
 
     Example (Jsonnet)::
 
@@ -82,6 +95,7 @@ class TaskSpec(FromParams, CustomDetHash):
     num_fewshot: int | None = None
     fewshot_seed: int = DEFAULT_FEWSHOT_SEED
     limit: int | None = None
+    strict: bool = True
 
     def __post_init__(self) -> None:
         given = [field for field in ("name", "yaml", "config") if getattr(self, field) is not None]
@@ -100,8 +114,26 @@ class TaskSpec(FromParams, CustomDetHash):
                 f"num_fewshot must be 0, a positive integer or null, got {self.num_fewshot!r}"
             )
         positive_int("limit", self.limit, optional=True)
+        boolean("strict", self.strict)
+        if not self.strict and self.data_dir is None and self.dataset is None:
+            raise ConfigurationError(
+                "strict: false leaves out bad documents of a task's own data only: give the "
+                "task data_dir or dataset, or drop strict"
+            )
         if self.config is not None and not isinstance(self.config, dict):
             raise ConfigurationError(f"a task 'config' must be an object, got {self.config!r}")
+        self._check_sources()
+
+    def _check_sources(self) -> None:
+        """Refuse at once — Tango builds every step's spec before it runs any step — a name
+        lm-eval does not know, a ``yaml`` or ``data_dir`` that is not there."""
+        local = self.data_dir is not None or self.dataset is not None
+        if self.name is not None:
+            _builtin(self.name, local)
+        if self.yaml is not None and not Path(self.yaml).expanduser().is_file():
+            raise ConfigurationError(f"task YAML {self.yaml!r} does not exist")
+        if self.data_dir is not None:
+            _data_files(self.data_dir, self.label)
 
     @classmethod
     def from_params(  # type: ignore[override]
@@ -118,7 +150,12 @@ class TaskSpec(FromParams, CustomDetHash):
         return super().from_params(params_, *args, **kwargs)
 
     def det_hash_object(self) -> Any:
-        fields = tuple((f.name, getattr(self, f.name)) for f in dataclasses.fields(self))
+        # ``strict`` at its default is left out: the keys of tasks cached before it existed stay.
+        fields = tuple(
+            (f.name, getattr(self, f.name))
+            for f in dataclasses.fields(self)
+            if not (f.name == "strict" and self.strict)
+        )
         return (fields, local_fingerprint(self.local_files()))
 
     def local_files(self) -> list[Path]:
@@ -151,37 +188,149 @@ class TaskSpec(FromParams, CustomDetHash):
 # --- loading ------------------------------------------------------------------------------------
 
 
-def load_tasks(spec: TaskSpec) -> TaskDict:
+def load_tasks(spec: TaskSpec, *, training: bool = False) -> TaskDict:
     """lm-eval's tasks for ``spec`` (a group's leaves too), with its few-shot settings applied as
-    ``lm_eval.simple_evaluate`` applies them. Raises one-line ``ConfigurationError`` s for an
-    unknown name (with the closest), a task that generates text, a dataset that cannot be
-    reached offline, a task YAML that does not parse."""
+    ``lm_eval.simple_evaluate`` applies them, and the documents a run reads checked
+    (:mod:`~tango_fairscale.tasks.documents`): those of the split each task scores, of its
+    few-shot split when ``num_fewshot`` > 0 and, when ``training``, of its training split.
+
+    Raises one-line ``ConfigurationError`` s for an unknown name (with the closest), a task that
+    generates text, a dataset that cannot be reached offline, a task YAML that does not parse,
+    and a document that cannot be scored (naming its file and line). With ``strict: false``
+    such documents are left out, logged and counted: ``loaded["skipped_documents"]`` is
+    ``{task: count}`` (absent when none is)."""
     compile_templates_once()
-    manager, item = _source(spec)
+    manager, item, documents = _source(spec)
+    if documents is not None:
+        return _load_local(manager, item, documents, spec, training)
+    loaded = _load(manager, item, spec)
+    for name, task in loaded["tasks"].items():
+        splits = _splits_read(task.config, task.get_config("num_fewshot"), training)
+        dataset = getattr(task, "dataset", None) or {}
+        problems = find_problems(task, {s: dataset[s] for s in splits if s in dataset})
+        if problems:
+            raise ConfigurationError(refusal(name, problems[0], None))
+    return loaded
+
+
+def _load(manager: Any, item: Any, spec: TaskSpec) -> TaskDict:
+    """``manager.load([item])`` with ``spec``'s few-shot settings, lm-eval's errors in one line."""
     try:
         loaded = manager.load([item])
     except KeyError as error:
-        reason = one_line(error)
-        if "not a registered" in reason:
-            raise ConfigurationError(f"unknown lm-eval task {spec.label!r}: {reason}") from None
-        raise ConfigurationError(f"task {spec.label!r}: missing {reason}") from None
+        message = one_line(error)
+        if "not a registered" in message:
+            raise ConfigurationError(f"unknown lm-eval task {spec.label!r}: {message}") from None
+        raise ConfigurationError(f"task {spec.label!r}: missing {message}") from None
     except (ConnectionError, RuntimeError, FileNotFoundError) as error:
         raise ConfigurationError(_unreachable(spec, error)) from None
     except (TypeError, ValueError) as error:  # a key TaskConfig does not take, a bad value
         raise ConfigurationError(f"task {spec.label!r}: {one_line(error, 300)}") from None
     for name, task in loaded["tasks"].items():
         _check_output_type(name, task.get_config("output_type") or "generate_until")
-        if spec.num_fewshot is not None:
-            if task.get_config("num_fewshot") != 0:  # lm-eval keeps a YAML's explicit 0
-                task.set_config(key="num_fewshot", value=spec.num_fewshot)
-        elif task.get_config("num_fewshot") is None:
-            task.set_config(key="num_fewshot", value=0)
+        task.set_config(key="num_fewshot", value=_num_fewshot(spec, task.get_config("num_fewshot")))
         task.set_fewshot_seed(seed=spec.fewshot_seed)
     return loaded
 
 
-def _source(spec: TaskSpec) -> tuple[Any, Any]:
-    """The ``TaskManager`` to load ``spec`` with and what to pass to its ``load``."""
+def _num_fewshot(spec: TaskSpec, configured: int | None) -> int:
+    """``spec``'s ``num_fewshot`` for a task configured with ``configured`` (lm-eval keeps a
+    YAML's explicit 0; without either, 0)."""
+    if spec.num_fewshot is not None and configured != 0:
+        return spec.num_fewshot
+    return configured or 0
+
+
+def _load_local(
+    manager: Any, config: dict[str, Any], documents: LocalDocuments, spec: TaskSpec, training: bool
+) -> TaskDict:
+    """:func:`load_tasks` for one task over its own ``documents``: loaded, checked, and with
+    ``strict: false`` loaded again without the documents that fail the checks."""
+    splits = _splits_read(config, _num_fewshot(spec, config.get("num_fewshot")), training)
+    skipped: list[str] = []
+    for _ in range(3):  # a document that fails lm-eval's own loading may hide others
+        try:
+            loaded = _load(manager, {**config, "custom_dataset": documents}, spec)
+        except Exception as error:
+            problems = _diagnose(manager, config, documents, spec, splits)
+            if not problems:
+                if isinstance(error, ConfigurationError):
+                    raise
+                raise ConfigurationError(
+                    f"task {spec.label!r}: lm-eval cannot load it ({reason(error)})"
+                ) from None
+        else:
+            (task,) = loaded["tasks"].values()
+            problems = find_problems(task, {split: documents.splits[split] for split in splits})
+            if not problems:
+                if skipped:
+                    _report_skipped(spec, skipped)
+                    loaded["skipped_documents"] = {task.task_name: len(skipped)}
+                return loaded
+        if spec.strict or any(problem.row is None for problem in problems):
+            raise ConfigurationError(refusal(spec.label, problems[0], documents))
+        skipped += [problem.where(documents) for problem in problems]
+        documents = documents.without(problems)
+    raise ConfigurationError(f"task {spec.label!r}: its documents keep failing lm-eval's loading")
+
+
+def _diagnose(
+    manager: Any, config: dict[str, Any], documents: LocalDocuments, spec: TaskSpec, splits: list
+) -> list[Problem]:
+    """The documents that made lm-eval fail to build the task: those its ``process_docs``
+    fails on, else — when it builds without it — the first scored document (lm-eval reads that
+    one while building a task) and any other that fails the checks."""
+    problems = []
+    for split, rows in documents.splits.items():
+        problems += process_documents(config.get("process_docs"), split, rows)[1]
+    scored = config.get("test_split") or config.get("validation_split")
+    if problems or scored is None or len(documents.splits[scored]) < 2:
+        return problems
+    rest = documents.without([Problem(scored, 0, "")])
+    try:
+        loaded = _load(manager, {**config, "custom_dataset": rest}, spec)
+    except Exception:
+        return []
+    (task,) = loaded["tasks"].values()
+    return find_problems(task, {split: documents.splits[split] for split in splits})
+
+
+def _report_skipped(spec: TaskSpec, where: list[str]) -> None:
+    shown = ", ".join(where[:5]) + (f" and {len(where) - 5} more" if len(where) > 5 else "")
+    logger.warning(
+        "task %r: skipped %d document(s) that cannot be scored (strict: false): %s",
+        spec.label,
+        len(where),
+        shown,
+    )
+
+
+def _splits_read(config: Any, num_fewshot: int | None, training: bool) -> list[str]:
+    """The splits whose documents a run reads, of a task's config (a dict or lm-eval's
+    ``TaskConfig``): the scored one (test, else validation), the few-shot one when
+    ``num_fewshot`` > 0 (lm-eval's: the few-shot split, else training, else validation, else
+    test; none when the config lists its examples) and, when ``training``, the training split."""
+
+    def get(source: Any, key: str) -> Any:
+        return source.get(key) if isinstance(source, Mapping) else getattr(source, key, None)
+
+    test, validation, train = (
+        get(config, f"{key}_split") for key in ("test", "validation", "training")
+    )
+    fewshot = get(config, "fewshot_config")
+    named = get(fewshot, "split") if fewshot is not None else None
+    named = named or get(config, "fewshot_split")
+    splits = [test or validation]
+    if num_fewshot and (named or fewshot is None or get(fewshot, "samples") is None):
+        splits.append(named or train or validation or test)
+    if training:
+        splits.append(train)
+    return [split for split in dict.fromkeys(splits) if split is not None]
+
+
+def _source(spec: TaskSpec) -> tuple[Any, Any, LocalDocuments | None]:
+    """The ``TaskManager`` to load ``spec`` with, what to pass to its ``load`` and the task's own
+    documents (read and checked here), if it has any."""
     from lm_eval.tasks import TaskManager
     from lm_eval.tasks._yaml_loader import load_yaml
 
@@ -190,8 +339,6 @@ def _source(spec: TaskSpec) -> tuple[Any, Any]:
         config = dict(spec.config)
     elif spec.yaml is not None:
         path = Path(spec.yaml).expanduser()
-        if not path.is_file():
-            raise ConfigurationError(f"task YAML {spec.yaml!r} does not exist")
         try:
             config = load_yaml(path.resolve(), resolve_func=True)
         except Exception as error:  # yaml's errors, a missing include, a bad !function
@@ -200,36 +347,27 @@ def _source(spec: TaskSpec) -> tuple[Any, Any]:
             ) from None
     else:
         assert spec.name is not None
-        kind, yaml_path = _builtin_index().get(spec.name, (None, None))
-        if kind is None:
-            close = did_you_mean(spec.name, _builtin_index(), n=3)
-            raise ConfigurationError(f"unknown lm-eval task {spec.name!r}{close}")
+        kind, yaml_path = _builtin(spec.name, local)
         if kind != "TASK" or yaml_path is None:  # groups, tags and Python tasks
-            if local:
-                raise ConfigurationError(
-                    f"{spec.name!r} is an lm-eval {kind.lower()}: give 'data_dir' or 'dataset' "
-                    "to its tasks one by one"
-                )
-            return _full_task_manager(), spec.name
+            return _full_task_manager(), spec.name, None
         config = load_yaml(Path(yaml_path), resolve_func=True)
     _check_output_type(spec.label, config.get("output_type", "generate_until"))
+    if not local:
+        return TaskManager(include_defaults=False), config, None
+    documents = _documents(spec)
+    _keep_splits(config, list(documents.splits), spec.label)
     if spec.data_dir is not None:
-        files = _data_files(spec.data_dir, spec.label)
         config.update(dataset_path="json", dataset_name=None)
-        config["dataset_kwargs"] = {"data_files": files}
-        _keep_splits(config, list(files), spec.label)
-    elif spec.dataset is not None:
-        config["custom_dataset"] = _Documents(spec.dataset)
-        config["dataset_kwargs"] = None
-        present = [split for split in spec.dataset.keys() if len(spec.dataset[split])]
-        _keep_splits(config, present, spec.label)
-    return TaskManager(include_defaults=False), config
+    config["dataset_kwargs"] = None  # the documents are lm-eval's custom_dataset
+    return TaskManager(include_defaults=False), config, documents
 
 
 def _keep_splits(config: dict[str, Any], present: list[str], task: str) -> None:
     """Forget the splits of ``config`` that local data does not hold (a task scores its test
-    split, else its validation split; few-shot examples come from its training split, else from
-    the one it scores): one of the two it can score must be there."""
+    split, else its validation split; few-shot examples come from its few-shot split, else its
+    training split, else its validation split, else its test split): one of the two it can score
+    must be there. When few-shot examples then come from the scored split, no document is shown
+    in its own context (:func:`_fewshot_from_the_scored_split`)."""
     evaluated = [config.get(key) for key in ("test_split", "validation_split") if config.get(key)]
     if not any(split in present for split in evaluated):
         raise ConfigurationError(
@@ -242,6 +380,30 @@ def _keep_splits(config: dict[str, Any], present: list[str], task: str) -> None:
     fewshot = config.get("fewshot_config")
     if isinstance(fewshot, dict) and fewshot.get("split") not in (None, *present):
         config["fewshot_config"] = {**fewshot, "split": None}
+    _fewshot_from_the_scored_split(config)
+
+
+def _fewshot_from_the_scored_split(config: dict[str, Any]) -> None:
+    """Make lm-eval leave each document out of its own context when its few-shot examples come
+    from the split it scores. lm-eval does so only when the few-shot split it is given equals
+    ``test_split``; local data that lacks the other splits would otherwise show documents, with
+    their answers, in their own contexts. So name the scored split as both, lm-eval's own form
+    for drawing few-shot examples from the scored split."""
+    given = config.get("fewshot_config")
+    fewshot: dict[str, Any] = given if isinstance(given, dict) else {}
+    named = fewshot.get("split") or config.get("fewshot_split")  # lm-eval's few-shot split
+    if named is None and fewshot.get("samples") is not None:
+        return  # examples listed in the config, not drawn from a split
+    scored = config.get("test_split") or config.get("validation_split")
+    fallback = [config.get(key) for key in ("training_split", "validation_split", "test_split")]
+    source = named or next((split for split in fallback if split), None)
+    if scored is None or source != scored or named == config.get("test_split"):
+        return
+    config.update(test_split=scored, fewshot_split=scored)
+    if config.get("validation_split") == scored:
+        config["validation_split"] = None
+    if fewshot.get("split"):
+        config["fewshot_config"] = {**fewshot, "split": scored}
 
 
 def _check_output_type(task: str, output_type: str) -> None:
@@ -250,6 +412,34 @@ def _check_output_type(task: str, output_type: str) -> None:
             f"task {task!r} has output_type {output_type!r}: the package scores log-likelihoods "
             f"({', '.join(SCORED_OUTPUT_TYPES)}) and does not generate text; choose another task"
         )
+
+
+def _documents(spec: TaskSpec) -> LocalDocuments:
+    """``spec``'s own documents (``data_dir`` or ``dataset``), read and checked."""
+    files = None if spec.data_dir is None else _data_files(spec.data_dir, spec.label)
+    try:
+        if files is not None:
+            return LocalDocuments.from_files(files)
+        assert spec.dataset is not None
+        return LocalDocuments.from_dataset(spec.dataset)
+    except ConfigurationError as error:
+        raise ConfigurationError(f"task {spec.label!r}: {error}") from None
+
+
+def _builtin(name: str, local: bool) -> tuple[str, str | None]:
+    """``(kind, YAML path)`` of an lm-eval task, group or tag; an unknown name is refused with
+    the closest ones, and a group or tag with local data (which its tasks take one by one)."""
+    kind, yaml_path = _builtin_index().get(name, (None, None))
+    if kind is None:
+        raise ConfigurationError(
+            f"unknown lm-eval task {name!r}{did_you_mean(name, _builtin_index(), n=3)}"
+        )
+    if local and (kind != "TASK" or yaml_path is None):
+        raise ConfigurationError(
+            f"{name!r} is an lm-eval {kind.lower()}: give 'data_dir' or 'dataset' to its tasks "
+            "one by one"
+        )
+    return kind, yaml_path
 
 
 def _data_files(data_dir: str, task: str) -> dict[str, str]:
@@ -268,23 +458,6 @@ def _unreachable(spec: TaskSpec, error: BaseException) -> str:
         f"{one_line(error, 200)}); offline, give its files as data_dir=<directory of "
         "<split>.jsonl files in the task's schema> (or dataset=<a Tango DatasetDict step>)"
     )
-
-
-class _Documents:
-    """A Tango ``DatasetDict`` handed to lm-eval as a task's ``custom_dataset`` (lm-eval's warning
-    about the ``--metadata`` of custom datasets, which do not take any here, is left out)."""
-
-    def __init__(self, dataset: DatasetDictBase) -> None:
-        self.splits = {
-            split: list(dataset[split]) for split in dataset.keys() if len(dataset[split])
-        }
-
-    def __call__(self, **_: Any) -> Any:
-        import datasets
-
-        return datasets.DatasetDict(
-            {split: datasets.Dataset.from_list(docs) for split, docs in self.splits.items()}
-        )
 
 
 @functools.cache
@@ -349,15 +522,12 @@ def training_pairs(task: Any, name: str) -> list[tuple[str, str]]:
     for doc_id, doc in enumerate(task.training_docs()):
         context = task.fewshot_context(doc, num_fewshot)
         requests = task.construct_requests(doc=doc, ctx=context, metadata=(name, doc_id, 1))
-        gold = task.doc_to_text(doc) if task.multiple_input else task.doc_to_target(doc)
-        if isinstance(gold, list):
-            gold = gold[0]
-        if isinstance(gold, str):
-            gold = task.doc_to_choice(doc).index(gold)
-        if not 0 <= gold < len(requests):
+        try:
+            gold = answer_indices(task, doc)[0]
+        except BadAnswer as bad:
             raise ConfigurationError(
-                f"task {name!r}: training document {doc_id} has no correct choice (target "
-                f"{gold!r}); train on a labelled split"
-            )
+                f"task {name!r}: training document {doc_id} has no correct choice (its answer "
+                f"{bad}); train on a labelled split"
+            ) from None
         pairs.append(tuple(requests[gold].args[:2]))
     return pairs

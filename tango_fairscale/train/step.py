@@ -160,7 +160,7 @@ class TrainStep(Step[ModelWrapper]):
         one_of("preemption_signal", preemption_signal, PREEMPTION_SIGNALS)
         pairs = [
             pair
-            for name, loaded in load_tasks(task)["tasks"].items()
+            for name, loaded in load_tasks(task, training=True)["tasks"].items()
             for pair in training_pairs(loaded, name)
         ]
         validation = [task] if validate_tasks is None else list(validate_tasks)

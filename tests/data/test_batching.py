@@ -187,7 +187,8 @@ def test_training_queries_take_the_correct_choice(tokenizer: Any) -> None:
             tokenizer, "Question: dresser\nAnswer:", " replace drawer with bobby pin ", BIG
         ),
     ]
-    with pytest.raises(ConfigurationError, match="training document 0 has no correct choice"):
+    # Refused when the task is loaded (the helper scores the same document): documents.py.
+    with pytest.raises(ConfigurationError, match="is -1, not the index of one of its 2 choices"):
         training_queries([{**EXAMPLES[0], "label": -1}], tokenizer, BIG)
 
 

@@ -1,0 +1,126 @@
+"""Task specs loaded into lm-eval's own tasks (``tango_fairscale.tasks.lm_eval``): few-shot
+examples drawn from the scored split never show a document in its own context, and the requests
+equal those lm-eval itself builds on the same files."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import REPO_ROOT
+from lm_eval.api.model import LM
+
+from tango_fairscale.evaluation.harness import evaluate_task
+from tango_fairscale.tasks.lm_eval import TaskSpec, load_tasks
+
+sys.path.insert(0, str(REPO_ROOT / "tests" / "fixtures" / "tasks"))
+from lm_eval_fixtures import DATA_DIR, FIXTURES, TASKS, task_config, task_manager  # noqa: E402
+
+
+class LengthLM(LM):
+    """Log-likelihoods without a model: minus each continuation's length (requests only)."""
+
+    def loglikelihood(self, requests: Any, disable_tqdm: bool = False) -> list:
+        return [(-float(len(request.args[1])), False) for request in requests]
+
+    def loglikelihood_rolling(self, requests: Any, disable_tqdm: bool = False) -> list:
+        return [0.0 for _ in requests]
+
+    def generate_until(self, requests: Any, disable_tqdm: bool = False) -> list:
+        raise NotImplementedError
+
+
+def scored_split(task: str) -> str:
+    return "test" if (FIXTURES / DATA_DIR[task] / "test.jsonl").is_file() else "validation"
+
+
+def only_the_scored_split(task: str, directory: Path) -> Path:
+    """A data directory holding only the split ``task`` scores (as many users have it)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    split = scored_split(task)
+    shutil.copy(FIXTURES / DATA_DIR[task] / f"{split}.jsonl", directory / f"{split}.jsonl")
+    return directory
+
+
+def own_document_draws(task: Any) -> tuple[int, int]:
+    """(few-shot draws holding the document being scored, contexts built) while ``task``'s
+    requests are built: the sampler's draws, watched document by document."""
+    counts = {"leaks": 0, "contexts": 0}
+    current: dict[str, Any] = {}
+    build_context, sample = task.fewshot_context, task.sampler.sample
+
+    def fewshot_context(doc: Any, *args: Any, **kwargs: Any) -> Any:
+        current["doc"] = doc
+        counts["contexts"] += 1
+        return build_context(doc, *args, **kwargs)
+
+    def watched_sample(*args: Any, **kwargs: Any) -> Any:
+        drawn = sample(*args, **kwargs)
+        counts["leaks"] += sum(example == current["doc"] for example in drawn)
+        return drawn
+
+    task.fewshot_context, task.sampler.sample = fewshot_context, watched_sample
+    task.build_all_requests(limit=None, rank=0, world_size=1)
+    return counts["leaks"], counts["contexts"]
+
+
+@pytest.mark.parametrize("task_name", TASKS)
+def test_no_document_is_a_few_shot_example_in_its_own_context(
+    task_name: str, tmp_path: Path
+) -> None:
+    data_dir = only_the_scored_split(task_name, tmp_path)
+    spec = TaskSpec(name=task_name, data_dir=str(data_dir), num_fewshot=3)
+    task = load_tasks(spec)["tasks"][task_name]
+    task.set_fewshot_seed(seed=spec.fewshot_seed)
+    leaks, contexts = own_document_draws(task)
+    assert contexts == len(task.eval_docs) and leaks == 0
+
+
+def test_a_few_shot_split_named_as_the_validation_split_scored_leaves_the_document_out() -> None:
+    # lm-eval leaves the document out only when the few-shot split equals test_split (None here).
+    config = {**task_config("piqa"), "fewshot_split": "validation"}
+    spec = TaskSpec(config=config, data_dir=str(FIXTURES / "piqa"), num_fewshot=3)
+    task = load_tasks(spec)["tasks"]["piqa"]
+    task.set_fewshot_seed(seed=spec.fewshot_seed)
+    leaks, contexts = own_document_draws(task)
+    assert contexts == len(task.eval_docs) == 26 and leaks == 0
+
+
+def lm_eval_on_the_same_files(task: str, num_fewshot: int) -> dict:
+    """lm-eval itself (``simple_evaluate``) on its own task reading only the scored split's file:
+    the splits the file does not hold unset, and for a task that scores its test split, that
+    split named as the few-shot split (lm-eval's form for drawing examples from it)."""
+    import lm_eval
+
+    split = scored_split(task)
+    data_file = str(FIXTURES / DATA_DIR[task] / f"{split}.jsonl")
+    config = task_config(task, dataset_kwargs={"data_files": {split: data_file}})
+    config.update(training_split=None, fewshot_split=None)
+    if split == "test":
+        config.update(validation_split=None, fewshot_split="test")
+    return lm_eval.simple_evaluate(
+        model=LengthLM(),
+        tasks=[config],
+        task_manager=task_manager(),
+        num_fewshot=num_fewshot,
+        bootstrap_iters=0,
+        log_samples=True,
+    )
+
+
+@pytest.mark.parametrize("task_name", TASKS)
+def test_requests_from_the_scored_split_alone_equal_lm_evals(
+    task_name: str, tmp_path: Path
+) -> None:
+    expected = lm_eval_on_the_same_files(task_name, num_fewshot=2)
+    data_dir = only_the_scored_split(task_name, tmp_path)
+    spec = TaskSpec(name=task_name, data_dir=str(data_dir), num_fewshot=2)
+    got = evaluate_task(LengthLM(), spec, bootstrap_iters=0)
+    want = {s["doc_id"]: [list(a) for a in s["arguments"]] for s in expected["samples"][task_name]}
+    have = {s["doc_id"]: s["arguments"] for s in got["samples"][task_name]}
+    assert have == want and len(have) >= 24
+    metrics = {k: v for k, v in expected["results"][task_name].items() if "," in k}
+    assert {k: got["results"][task_name][k] for k in metrics} == metrics

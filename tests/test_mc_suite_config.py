@@ -1,0 +1,99 @@
+"""``configs/mc_suite.jsonnet``: a ``-D`` value that cannot be right is refused in one line before
+any step starts — a negative ``limit`` (refused by ``gpt2_piqa.jsonnet`` too), a task listed twice
+(was a Jsonnet duplicate-field traceback), a misspelled task or a task without data anywhere in
+``-D tasks`` (was refused only when its step ran, after the tasks before it were scored)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from tango.common import Params
+from tango.common.exceptions import ConfigurationError
+from tango.step_graph import StepGraph
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+MC_SUITE = REPO_ROOT / "configs" / "mc_suite.jsonnet"
+FIXTURES = REPO_ROOT / "tests" / "fixtures" / "tasks"
+DEFAULTS = yaml.safe_load((REPO_ROOT / "tango.yml").read_text())["environment"]
+
+
+def evaluate(config: Path, **variables: str) -> dict:
+    return Params.from_file(config, ext_vars={**DEFAULTS, **variables}).as_dict()
+
+
+def assert_one_line(message: str, fragment: str) -> None:
+    lines = [line for line in message.splitlines() if fragment in line]
+    assert lines, message
+
+
+@pytest.mark.parametrize("config", ["gpt2_piqa.jsonnet", "mc_suite.jsonnet"])
+def test_a_negative_limit_is_refused_by_both_configs(config: str) -> None:
+    with pytest.raises(RuntimeError) as error:  # mc_suite took it for "all documents"
+        evaluate(REPO_ROOT / "configs" / config, limit="-1")
+    assert_one_line(str(error.value), "limit must be 0 (all examples) or positive, got -1")
+
+
+def test_a_task_listed_twice_is_refused_in_one_line() -> None:
+    with pytest.raises(RuntimeError) as error:
+        evaluate(MC_SUITE, tasks="arc_easy,copa,arc_easy,copa,piqa")
+    assert_one_line(str(error.value), "-D tasks lists arc_easy, copa more than once; list each")
+    assert "duplicate field" not in str(error.value).lower()
+
+
+@pytest.mark.parametrize("train_steps", ["0", "3"])
+@pytest.mark.parametrize(
+    ("variables", "fragment"),
+    [
+        (
+            {"tasks": "piqa,copa,arc_eesy"},
+            "unknown lm-eval task 'arc_eesy'; did you mean 'arc_easy'",
+        ),
+        (
+            {"tasks": "piqa,copa,arc_challenge", "task_data_dir": str(FIXTURES)},
+            f"task 'arc_challenge': data_dir '{FIXTURES}/arc_challenge' holds no <split>.jsonl",
+        ),
+    ],
+)
+def test_every_task_is_checked_when_the_steps_are_built(
+    tiny_model_dir: Path, train_steps: str, variables: dict, fragment: str
+) -> None:
+    """``tango run`` builds every step (and its task specs) before it runs any."""
+    config = {"model": str(tiny_model_dir), "train_steps": train_steps, **variables}
+    params = Params.from_file(MC_SUITE, ext_vars={**DEFAULTS, **config})
+    with pytest.raises(ConfigurationError) as error:
+        StepGraph.from_params(params.pop("steps"))
+    assert fragment in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.slow
+def test_tango_run_refuses_them_before_any_step_starts(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    cases = {
+        "limit=-1": "limit must be 0 (all examples) or positive, got -1",
+        "tasks=arc_easy,arc_easy": "-D tasks lists arc_easy more than once",
+        "tasks=piqa,copa,arc_eesy": "unknown lm-eval task 'arc_eesy'; did you mean 'arc_easy'",
+    }
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    processes = {
+        define: subprocess.Popen(
+            [sys.executable, "-m", "tango", "run", str(MC_SUITE), "-w", str(tmp_path / "ws")]
+            + ["-D", f"model={tiny_model_dir}", "-D", "train_steps=0", "-D", define],
+            cwd=REPO_ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
+        for define in cases
+    }
+    for define, process in processes.items():
+        output, _ = process.communicate(timeout=180)
+        assert process.returncode != 0, output
+        assert any(cases[define] in line for line in output.splitlines()), output[-2000:]
+        assert "Starting step" not in output, output[-2000:]
