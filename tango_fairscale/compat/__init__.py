@@ -19,6 +19,8 @@ are in :mod:`.fairscale` and :mod:`.transformers`, applied where those libraries
   name; with the pinned transformers its ``transformers`` integration raises ``ImportError``, so a
   typo surfaced as a raw import error. Integrations that do not import are skipped, and the typo
   ends in Tango's ``RegistryKeyError`` ("... is not a registered name ..., did you mean ...?").
+* An expected error (a ``ConfigurationError``, the package's one-line errors) reaches the terminal
+  as its message alone, its traceback kept in the run's log (:mod:`.tango_errors`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import difflib
 import inspect
 from collections.abc import Iterator
 from typing import Any
+
+from . import tango_errors
 
 
 def patch_tango_git_metadata() -> None:
@@ -138,6 +142,7 @@ def patch_tango_step_copies() -> None:
 
 
 def apply() -> None:
+    tango_errors.patch_tango_error_logging()
     patch_tango_step_copies()
     patch_tango_git_metadata()
     patch_tango_unknown_fields()
