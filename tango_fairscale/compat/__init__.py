@@ -21,6 +21,8 @@ are in :mod:`.fairscale` and :mod:`.transformers`, applied where those libraries
   ends in Tango's ``RegistryKeyError`` ("... is not a registered name ..., did you mean ...?").
 * An expected error (a ``ConfigurationError``, the package's one-line errors) reaches the terminal
   as its message alone, its traceback kept in the run's log (:mod:`.tango_errors`).
+* Two runs on one local workspace: a step one of them runs is waited for by the other, never run
+  twice or failed (:mod:`.tango_locks`).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import inspect
 from collections.abc import Iterator
 from typing import Any
 
-from . import tango_errors
+from . import tango_errors, tango_locks
 
 
 def patch_tango_git_metadata() -> None:
@@ -143,6 +145,7 @@ def patch_tango_step_copies() -> None:
 
 def apply() -> None:
     tango_errors.patch_tango_error_logging()
+    tango_locks.patch_tango_step_locks()
     patch_tango_step_copies()
     patch_tango_git_metadata()
     patch_tango_unknown_fields()
