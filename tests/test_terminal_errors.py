@@ -5,11 +5,11 @@ terminal as its message alone, its traceback kept in the run's log; any other ke
   and a Jsonnet error print one line on the terminal and their traceback into a run's log file;
   a ``KeyError``, or any error under ``--log-level debug``, prints its traceback; the message
   reaches torchrun's failure report through its error file;
-* through real commands, counting the lines on the terminal: a model path that does not exist
-  (refused while Tango builds the step graph, under ``tango run``), an unknown engine (refused by
-  the config's Jsonnet, under ``python -m tango_fairscale run``), a malformed PIQA file (a step
-  that fails in a run: the traceback is in ``runs/<name>/out.log``, the step is recorded failed)
-  and (slow) the same failing step under torchrun.
+* through real commands (~8 CPU-s each), counting the lines on the terminal: an unknown engine
+  (refused by the config's Jsonnet, under ``python -m tango_fairscale run``), a malformed PIQA
+  file (a step that fails in a run: the traceback is in ``runs/<name>/out.log``, the step is
+  recorded failed), and in the slow tier a model path that does not exist (refused while Tango
+  builds the step graph, under ``tango run``) and the failing step under torchrun.
 
 The misspelled ``-D`` name through both commands is in ``test_command_line.py``.
 """
@@ -151,6 +151,7 @@ def assert_one_line(done: subprocess.CompletedProcess, message: str) -> None:
     assert len(lines) == 1 and message in lines[0], done.stderr[-3000:]
 
 
+@pytest.mark.slow  # ~9 CPU-s; test_config.py's default tier runs the same command
 def test_a_missing_model_path_under_tango_run(tmp_path: Path, piqa_dir: Path) -> None:
     defines = ["model=/nonexistent/dir", f"data_dir={piqa_dir}", "train_steps=0", "limit=4"]
     command = [sys.executable, "-m", "tango", "run", "configs/gpt2_piqa.jsonnet"]
