@@ -6,8 +6,9 @@ each submodule. Importing this package alone imports nothing heavy (no torch), s
 component to use it from Python (e.g. ``tango_fairscale.train.step``).
 
 Imported by ``tango run`` (after it evaluates the config, before any step or the workspace), the
-package checks the command line first (:mod:`tango_fairscale.command_line`): an unknown ``-D``
-name or a read-only workspace is refused in one line before any work.
+package applies its fixes to Tango (:mod:`tango_fairscale.compat`: among them, an expected error
+printed as its message alone) and checks the command line (:mod:`tango_fairscale.command_line`):
+an unknown ``-D`` name or a read-only workspace is refused in one line before any work.
 """
 
 import os as _os
@@ -30,6 +31,7 @@ def _invoked_as_tango_run(argv: list[str]) -> bool:
 
 
 if _invoked_as_tango_run(_sys.argv):
+    from . import compat  # noqa: F401  (Tango, already imported here, fixed before the check)
     from .command_line import check_tango_run
 
     check_tango_run(_sys.argv[1:])

@@ -17,8 +17,10 @@ Without launcher variables it is plain ``tango run``. Its exit code is ``tango r
 ``export`` writes the model of a saved checkpoint (any engine, any number of processes) as a
 Hugging Face directory (:mod:`tango_fairscale.export`), without starting the job.
 
-Problems (no workspace, no runs, an unknown run, nothing to plot, not a complete checkpoint) are
-reported in one line on stderr with exit code 2. Only ``run`` and ``export`` import torch.
+Problems (no workspace, no runs, an unknown run, nothing to plot, a file suffix matplotlib does
+not write, not a complete checkpoint) are reported in one line on stderr with exit code 2, before
+any work. A run whose records cannot be read is left out of ``results`` with one warning line
+naming it. Only ``run`` and ``export`` import torch.
 """
 
 from __future__ import annotations
@@ -160,10 +162,18 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _results(args: argparse.Namespace) -> int:
-    from .results import collect_runs, format_table, open_workspace, plot_curves
+    from .results import check_plot_path, collect_runs, format_table, open_workspace, plot_curves
 
+    if args.plot:
+        check_plot_path(args.plot)
     workspace = open_workspace(args.workspace)
-    summaries = collect_runs(workspace, args.runs)
+    unreadable: list[str] = []
+    summaries = collect_runs(workspace, args.runs, unreadable)
+    if not summaries:  # every run is unreadable
+        more = f" (and {len(unreadable) - 1} more runs)" if len(unreadable) > 1 else ""
+        raise CommandError(f"{unreadable[0]}{more}")
+    for line in unreadable:
+        print(f"{PROG}: warning: left out {line}", file=sys.stderr)
     if args.plot:
         names = [summary.name for summary in summaries]
         drawn = plot_curves(workspace, names, args.plot)

@@ -1,15 +1,19 @@
-"""Tests for the ``tango-fairscale`` command (``tango_fairscale.cli``)."""
+"""Tests for the ``tango-fairscale`` command (``tango_fairscale.cli``): tables, JSON and plots of a
+workspace's runs; every problem in one line (a run that cannot be read is left out with one
+warning line; a plot file suffix matplotlib does not write is refused before any work)."""
 
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from tango import Workspace
+from tango import Step, Workspace
+from tango.workspaces import LocalWorkspace
 
 # The workspace is built once per session, shared with test_results.py (a marker file on disk).
 from test_results import SUITE_LIMIT, build_workspace
@@ -104,6 +108,61 @@ def test_missing_and_empty_workspaces(tmp_path: Path, capsys: pytest.CaptureFixt
     assert not missing.exists()
     Workspace.from_url(str(tmp_path / "empty"))
     assert_one_line_error(*run_cli(capsys, "-w", str(tmp_path / "empty")), "no registered runs")
+
+
+class Toy(Step):
+    def run(self, x: int) -> int:  # type: ignore[override]
+        return x
+
+
+def toy_workspace(directory: Path, *runs: str) -> Path:
+    """A workspace whose runs each registered one step of its own (nothing run)."""
+    workspace = LocalWorkspace(directory)
+    for number, name in enumerate(runs):
+        workspace.register_run([Toy(step_name="metrics", x=number)], name)
+    return directory
+
+
+def truncate_step_info(workspace: Path, run: str) -> str:
+    """Cut the pickled step info of ``run``'s step in ``stepinfo.sqlite``; its unique id."""
+    unique_id = json.loads((workspace / "runs" / run / "stepinfo.json").read_text())["metrics"]
+    with sqlite3.connect(workspace / "stepinfo.sqlite") as database:
+        database.execute(
+            'UPDATE "unnamed" SET value = substr(value, 1, 20) WHERE key = ?', (unique_id,)
+        )
+    return unique_id
+
+
+@pytest.mark.parametrize("damage", ["stepinfo.json", "step info"])
+def test_a_run_that_cannot_be_read_is_left_out_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: str
+) -> None:
+    workspace = toy_workspace(tmp_path / "ws", "first", "broken", "last")
+    ids = workspace / "runs" / "broken" / "stepinfo.json"
+    if damage == "stepinfo.json":
+        ids.write_text(ids.read_text()[:12])  # a run registered as the disk filled up, say
+        reason = f"run broken: cannot read {ids}: "
+    else:
+        unique_id = truncate_step_info(workspace, "broken")
+        reason = f"run broken: cannot read the step info of {unique_id} in "
+    code, out, err = run_cli(capsys, "-w", str(workspace))
+    assert code == 0
+    assert [line.split()[0] for line in out.splitlines()[2:]] == ["first", "last"]
+    assert err.startswith(f"tango-fairscale: warning: left out {reason}") and err.count("\n") == 1
+    assert_one_line_error(*run_cli(capsys, "-w", str(workspace), "--run", "broken"), reason)
+
+
+@pytest.mark.parametrize("name", ["curves.txt", "curves"])
+def test_a_plot_file_matplotlib_cannot_write_is_refused_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    """Checked before the workspace is read (this one does not exist)."""
+    target = tmp_path / name
+    code, out, err = run_cli(capsys, "-w", str(tmp_path / "missing"), "--plot", str(target))
+    reason = "'.txt' is not a format matplotlib writes" if "." in name else "it has no suffix"
+    assert_one_line_error(code, out, err, f"cannot plot to {target}: {reason}; end the file name")
+    assert all(suffix in err for suffix in (".png", ".pdf", ".svg"))
+    assert not target.exists() and not target.with_suffix(".png").exists()
 
 
 def _console_command() -> list[str]:

@@ -3,7 +3,7 @@
 * the variables each config reads are found statically (literal ``std.extVar`` calls, helpers
   that pass a parameter to it, imports followed); an unknown ``-D`` name is refused with the
   closest known one, through ``tango run`` (at the package's import) and through the launcher
-  (``python -m tango_fairscale run``), before the workspace exists;
+  (``python -m tango_fairscale run``), before the workspace exists, in one line (no traceback);
 * a read-only workspace is refused in one line instead of a ``PermissionError`` deep in Tango;
 * importing the package (or ``tango_fairscale.results``) outside ``tango run`` imports neither
   Tango nor torch.
@@ -100,9 +100,9 @@ def test_a_misspelled_variable_is_refused_before_any_work(
     command = [sys.executable, *program, "run", "configs/gpt2_piqa.jsonnet", "-w", str(workspace)]
     done = run_command(command + [a for d in defines for a in ("-D", d)])
     assert done.returncode != 0
+    assert done.stdout == "" and len(done.stderr.splitlines()) == 1, done.stderr  # no traceback
     line = last_line(done)
     assert "-D train_step is not a variable of" in line and "did you mean 'train_steps'" in line
-    assert "Starting step" not in done.stderr
     assert not workspace.exists()
 
 
@@ -128,10 +128,10 @@ def test_a_read_only_workspace_is_refused_up_front(
         else:
             workspace.chmod(0o700)
     assert done.returncode != 0
+    assert done.stdout == "" and len(done.stderr.splitlines()) == 1, done.stderr  # no traceback
     line = last_line(done)
-    assert line.startswith("tango.common.exceptions.ConfigurationError: workspace "), line
+    assert " ERROR    workspace " in line, line
     assert "is not writable" in line and "choose another -w directory" in line, line
-    assert "Starting step" not in done.stderr
 
 
 def test_importing_the_package_imports_neither_tango_nor_torch() -> None:

@@ -19,6 +19,13 @@ are in :mod:`.fairscale` and :mod:`.transformers`, applied where those libraries
   name; with the pinned transformers its ``transformers`` integration raises ``ImportError``, so a
   typo surfaced as a raw import error. Integrations that do not import are skipped, and the typo
   ends in Tango's ``RegistryKeyError`` ("... is not a registered name ..., did you mean ...?").
+* Tango's ``torch::train`` builds its engine in each spawned process: an engine that refuses the
+  number of processes (``pipe`` with ``device_count`` 2) failed in every worker (61 lines). An
+  engine class's ``check_world_size(device_count)`` is asked when the step is built.
+* An expected error (a ``ConfigurationError``, the package's one-line errors) reaches the terminal
+  as its message alone, its traceback kept in the run's log (:mod:`.tango_errors`).
+* Two runs on one local workspace: a step one of them runs is waited for by the other, never run
+  twice or failed (:mod:`.tango_locks`).
 """
 
 from __future__ import annotations
@@ -27,6 +34,8 @@ import difflib
 import inspect
 from collections.abc import Iterator
 from typing import Any
+
+from . import tango_errors, tango_locks
 
 
 def patch_tango_git_metadata() -> None:
@@ -131,6 +140,29 @@ def patch_tango_registry_search() -> None:
     registrable.import_module_and_submodules = import_module_and_submodules  # type: ignore[assignment]
 
 
+def patch_torch_train_world_size() -> None:
+    from tango.integrations.torch import TrainingEngine
+    from tango.integrations.torch.train import TorchTrainStep
+
+    original = TorchTrainStep.massage_kwargs.__func__  # type: ignore[attr-defined]
+    if getattr(original, "checks_world_size", False):
+        return
+
+    def massage_kwargs(cls: type, kwargs: dict[str, Any]) -> dict[str, Any]:
+        kwargs = original(cls, kwargs)
+        params = getattr(kwargs.get("training_engine"), "_params", None)  # a Lazy's config
+        name = params.get("type") if params is not None else None
+        if isinstance(name, str) and name in TrainingEngine.list_available():
+            engine = TrainingEngine.resolve_class_name(name, search_modules=False)[0]
+            check = getattr(engine, "check_world_size", None)
+            if check is not None:
+                check(kwargs.get("device_count", 1))
+        return kwargs
+
+    massage_kwargs.checks_world_size = True  # type: ignore[attr-defined]
+    TorchTrainStep.massage_kwargs = classmethod(massage_kwargs)  # type: ignore[method-assign,assignment]
+
+
 def patch_tango_step_copies() -> None:
     from tango import Step
 
@@ -138,10 +170,13 @@ def patch_tango_step_copies() -> None:
 
 
 def apply() -> None:
+    tango_errors.patch_tango_error_logging()
+    tango_locks.patch_tango_step_locks()
     patch_tango_step_copies()
     patch_tango_git_metadata()
     patch_tango_unknown_fields()
     patch_tango_registry_search()
+    patch_torch_train_world_size()
 
 
 apply()

@@ -118,6 +118,16 @@ class PipeEngine(Engine):
                  precision: "bf16-mixed", optimizer: {type: "torch::AdamW", lr: 1e-5}}
     """
 
+    @classmethod
+    def check_world_size(cls, world_size: int) -> None:
+        """Refuse (one line) more than one process; Tango's ``torch::train`` asks before it spawns
+        (``tango_fairscale.compat``)."""
+        if world_size != 1:
+            raise ConfigurationError(
+                f"the pipe engine drives all its stages from one process; set device_count=1 "
+                f"(got {world_size}) and list the stages' devices in 'devices'"
+            )
+
     def __init__(
         self,
         train_config: TrainConfig,
@@ -132,11 +142,7 @@ class PipeEngine(Engine):
         checkpoint: str = "except_last",
         devices: list[str] | None = None,
     ) -> None:
-        if train_config.world_size != 1:
-            raise ConfigurationError(
-                f"the pipe engine drives all its stages from one process; set device_count=1 "
-                f"(got {train_config.world_size}) and list the stages' devices in 'devices'"
-            )
+        self.check_world_size(train_config.world_size)
         positive_int("chunks", chunks)
         if checkpoint not in CHECKPOINT_MODES:
             raise ConfigurationError(

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Union
 
 from ..train.log import TRAINING_LOG, read_training_log
-from .report import TaskMetrics, draw_curves, format_table, run_json, task_metrics
+from .report import TaskMetrics, draw_curves, format_table, plot_formats, run_json, task_metrics
 from .run_state import StepStatus, run_status, step_statuses, wall_time
 from .step_infos import StepRecord
 from .workspace import ResultsError, RunRecord, WorkspaceReader, open_reader
@@ -38,6 +38,7 @@ __all__ = [
     "RunSummary",
     "StepStatus",
     "TaskMetrics",
+    "check_plot_path",
     "collect_runs",
     "format_table",
     "open_workspace",
@@ -135,23 +136,33 @@ def open_workspace(workspace: WorkspaceLike) -> WorkspaceReader:
 
 
 def collect_runs(
-    workspace: WorkspaceLike, run_names: Iterable[str] | None = None
+    workspace: WorkspaceLike,
+    run_names: Iterable[str] | None = None,
+    unreadable: list[str] | None = None,
 ) -> list[RunSummary]:
     """Summaries of the named runs in that order, or of all runs ordered by start date.
 
     Raises :class:`ResultsError` for an unknown run name or a workspace without runs. Runs that
-    failed or did not finish are summarised with their status, never raised.
+    failed or did not finish are summarised with their status, never raised. A run whose records
+    cannot be read (a truncated ``stepinfo.json``, a corrupt step info) raises
+    :class:`ResultsError`, or, when ``unreadable`` is a list, is left out with one line appended
+    to it (``run NAME: REASON``).
     """
     reader = open_workspace(workspace)
+    names = reader.run_names() if run_names is None else list(dict.fromkeys(run_names))
+    if not names:
+        raise ResultsError(f"workspace {reader.url} has no registered runs")
+    summaries = []
+    for name in names:
+        try:
+            summaries.append(_summarise(reader, _registered_run(reader, name)))
+        except _UnreadableRun as error:
+            if unreadable is None:
+                raise
+            unreadable.append(f"run {name}: {error}")
     if run_names is None:
-        runs = sorted(
-            (reader.run(n) for n in reader.run_names()), key=lambda r: (r.start_date, r.name)
-        )
-        if not runs:
-            raise ResultsError(f"workspace {reader.url} has no registered runs")
-    else:
-        runs = [_registered_run(reader, name) for name in dict.fromkeys(run_names)]
-    return [_summarise(reader, run) for run in runs]
+        summaries.sort(key=lambda summary: (summary.start_date, summary.name))
+    return summaries
 
 
 def training_log_path(workspace: WorkspaceLike, run_name: str) -> Path | None:
@@ -184,8 +195,10 @@ def plot_curves(
     One panel for ``train_loss``, one per validation task (``val_<task>/<metric>``: accuracy
     solid, normalised accuracy dashed, ± stderr shaded), one colour per run. The image format
     follows the suffix (PNG, PDF, SVG...). Runs without a training log are left out; returns the
-    names drawn. Raises :class:`ResultsError` when none has one.
+    names drawn. Raises :class:`ResultsError` when none has one, or (before reading anything) for
+    a suffix that is no image format (:func:`check_plot_path`).
     """
+    check_plot_path(path)
     reader = open_workspace(workspace)
     curves = {name: training_curves(reader, name) for name in dict.fromkeys(run_names)}
     drawn = {name: records for name, records in curves.items() if records}
@@ -198,12 +211,31 @@ def plot_curves(
     return list(drawn)
 
 
+def check_plot_path(path: str | os.PathLike[str]) -> None:
+    """Raise :class:`ResultsError` (one line, naming the formats) unless ``path`` ends in a suffix
+    matplotlib writes (without one, matplotlib would write ``path.png``)."""
+    suffix = Path(path).suffix.lower().lstrip(".")
+    formats = plot_formats()
+    if suffix not in formats:
+        what = f"'.{suffix}' is not a format matplotlib writes" if suffix else "it has no suffix"
+        raise ResultsError(
+            f"cannot plot to {os.fspath(path)}: {what}; end the file name with one of "
+            + ", ".join(f".{name}" for name in formats)
+        )
+
+
 # --- one run ------------------------------------------------------------------------------------
+
+
+class _UnreadableRun(ResultsError):
+    """A registered run whose records cannot be read (the message says why, in one line)."""
 
 
 def _registered_run(reader: WorkspaceReader, name: str) -> RunRecord:
     try:
         return reader.run(name)
+    except ResultsError as error:
+        raise _UnreadableRun(str(error)) from None
     except KeyError:
         known = sorted(reader.run_names())
         hint = f"; runs: {', '.join(known)}" if known else "; the workspace has no runs"

@@ -166,6 +166,13 @@ def run_json(summary: RunSummary) -> dict[str, Any]:
     return _json_safe(data)
 
 
+def plot_formats() -> list[str]:
+    """The file suffixes (without the dot) that :func:`draw_curves` writes, as matplotlib says."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    return sorted(FigureCanvasAgg.get_supported_filetypes())
+
+
 def draw_curves(
     curves: Mapping[str, Sequence[Mapping[str, Any]]], path: str | os.PathLike[str]
 ) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["StepRecord", "load_step_info", "record"]
+__all__ = ["RefusedGlobal", "StepRecord", "load_step_info", "record"]
 
 
 @dataclass(frozen=True)
@@ -94,17 +94,21 @@ _ALLOWED: dict[tuple[str, str], Callable[..., Any]] = {
 }
 
 
+class RefusedGlobal(pickle.UnpicklingError):
+    """A pickle names a global the unpickler does not build; the message is ``module.name``."""
+
+
 class _StepInfoUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         try:
             return _ALLOWED[(module, name)]
         except KeyError:
-            raise pickle.UnpicklingError(f"{module}.{name}") from None
+            raise RefusedGlobal(f"{module}.{name}") from None
 
 
 def load_step_info(data: bytes) -> Any:
-    """The stand-in of a pickled ``StepInfo``; ``pickle.UnpicklingError`` naming a refused global
-    (``module.name``), or another exception for corrupt data."""
+    """The stand-in of a pickled ``StepInfo``; :class:`RefusedGlobal` naming a refused global
+    (``module.name``), or another exception for corrupt data (truncated: ``UnpicklingError``)."""
     return _StepInfoUnpickler(io.BytesIO(data)).load()
 
 

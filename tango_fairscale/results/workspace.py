@@ -14,7 +14,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import pickle
 import re
 import sqlite3
 import sys
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from .step_infos import StepRecord, load_step_info, record
+from .step_infos import RefusedGlobal, StepRecord, load_step_info, record
 
 __all__ = ["ResultsError", "RunRecord", "StepRecord", "WorkspaceReader", "open_reader"]
 
@@ -108,7 +107,7 @@ class LocalReader(WorkspaceReader):
             raise KeyError(name)
         ids_file = run_dir / "stepinfo.json"
         if ids_file.is_file():
-            ids: dict[str, str] = json.loads(ids_file.read_text())
+            ids = _step_ids(ids_file)
         else:  # runs registered by old Tango versions: one symlink per step
             ids = {p.name: p.resolve().name for p in run_dir.iterdir() if p.is_symlink()}
         infos = self._step_infos(list(ids.values()))
@@ -256,10 +255,23 @@ def _tango_workspace(url: str) -> Any:
         raise ResultsError(f"cannot open workspace {url!r}: {_one_line(error)}") from error
 
 
+def _step_ids(path: Path) -> dict[str, str]:
+    """A run's ``stepinfo.json`` (step name: unique id); :class:`ResultsError` when unreadable."""
+    try:
+        ids = json.loads(path.read_text())
+    except (OSError, ValueError) as error:  # truncated, not UTF-8, ...
+        raise ResultsError(f"cannot read {path}: {_one_line(error)}") from None
+    if not isinstance(ids, dict) or not all(
+        isinstance(key, str) and isinstance(value, str) for key, value in ids.items()
+    ):
+        raise ResultsError(f"{path} does not map step names to step ids")
+    return ids
+
+
 def _step_info(unique_id: str, data: bytes, database: Path) -> Any:
     try:
         info = load_step_info(data)
-    except pickle.UnpicklingError as error:
+    except RefusedGlobal as error:
         raise ResultsError(
             f"the step info of {unique_id} in {database} refers to {error}, which the results "
             "reader does not unpickle; read it with tango.Workspace.from_url"

@@ -43,7 +43,8 @@ _PREFIX = "tango_fairscale"
 
 
 class LaunchError(RuntimeError):
-    """The launcher's processes could not meet, or one of them was lost."""
+    """The job cannot start or go on: its command line is refused, its processes could not meet,
+    or one of them was lost. The message is one line."""
 
 
 @dataclass(frozen=True)
@@ -284,7 +285,10 @@ def _tango_run(tango_args: Sequence[str]) -> int:
     from ..command_line import check_tango_run
 
     # What `tango run` checks at the package's import: this process imported it before.
-    check_tango_run(["run", *tango_args])
+    try:
+        check_tango_run(["run", *tango_args])
+    except ConfigurationError as error:
+        raise LaunchError(str(error)) from None
     try:
         tango_main(args=["run", *tango_args], prog_name="tango")
     except SystemExit as done:

@@ -35,12 +35,13 @@ def run_workers(
     stays) and never touches a GPU. Each worker runs with this process's environment as it is at
     the call.
 
-    The signal ``forward`` and ``SIGINT`` received here are passed on to every worker. A worker that
-    dies or raises stops the others at once: :class:`WorkerFailed` names it and its signal, exit
-    code or the last line of its error. A worker dies with this process: one left running would
-    train on unsupervised and write checkpoints beside a rerun's. Each worker takes the
-    ``OMP_NUM_THREADS`` intra-op threads or, unset, its share of this machine's cores (as torchrun
-    sets one thread), so that ``nprocs`` workers do not oversubscribe the cores.
+    The signal ``forward`` and ``SIGINT`` received here are passed on to every worker. A worker
+    that dies or raises stops the others at once: :class:`WorkerFailed` names it and its signal,
+    exit code or the last line of its error (the worker's traceback is its ``__cause__``'s text).
+    A worker dies with this process: one left running would train on unsupervised and write
+    checkpoints beside a rerun's. Each worker takes the ``OMP_NUM_THREADS`` intra-op threads or,
+    unset, its share of this machine's cores (as torchrun sets one thread), so that ``nprocs``
+    workers do not oversubscribe the cores.
     """
     import multiprocessing
 
@@ -68,8 +69,9 @@ def run_workers(
             f"({error.signal_name or error.exit_code}); the others were stopped"
         ) from None
     except mp.ProcessRaisedException as error:
+        # Chained: the worker's traceback (the error's text) stays in the run's log.
         last = [line for line in str(error).splitlines() if line.strip()][-1]
-        raise WorkerFailed(f"training process {error.error_index} failed: {last}") from None
+        raise WorkerFailed(f"training process {error.error_index} failed: {last}") from error
 
 
 def _entry(

@@ -265,7 +265,7 @@ def run_training(plan: TrainPlan) -> None:
                 )
         except WorkerFailed as error:
             hint = f"; {resume_hint(plan.checkpoints)}" if "died" in str(error) else ""
-            raise TrainingStopped(f"{error}{hint}") from None
+            raise TrainingStopped(f"{error}{hint}") from error  # the log keeps the worker's
 
 
 def join_training(launch: launcher.Launch, job: int, plan: TrainPlan) -> None:

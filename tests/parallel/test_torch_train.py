@@ -1,6 +1,7 @@
 """Tango's own ``torch::train`` step driving our engines: the same weights as our training step on
 the same data, checkpoints it resumes from, a plain ``ModelWrapper`` as its result, and a one-line
-refusal of what only ``tango_fairscale::train`` does.
+refusal of what only ``tango_fairscale::train`` does (``pipe`` on two processes: when the step is
+built, before any worker).
 
 The two loops are made to run the same arithmetic: a batch sampler replays our loop's
 :class:`BatchSchedule` on every rank, and a collator builds our loop's padded batches. What would
@@ -234,6 +235,37 @@ def test_refuses_packed_batches_the_engine_cannot_take(
         )  # fmt: skip
     message = str(error.value)
     assert "\n" not in message and "cannot take packed batches" in message
+
+
+PIPE_ON_TWO = "the pipe engine drives all its stages from one process; set device_count=1 (got 2)"
+
+
+def test_refuses_pipe_on_two_processes_when_the_step_is_built() -> None:
+    """Before any worker starts (each of them refused it: 61 lines of output)."""
+    engine = Lazy(TrainingEngine, Params(engine_config("tango_fairscale::pipe")))
+    with pytest.raises(ConfigurationError) as error:
+        TorchTrainStep(training_engine=engine, device_count=2)
+    assert str(error.value).startswith(PIPE_ON_TWO) and "\n" not in str(error.value)
+    TorchTrainStep(training_engine=engine, device_count=1)  # what the README says works
+
+
+@pytest.mark.slow
+def test_the_example_config_refuses_pipe_on_two_processes_in_one_line(
+    tmp_path: Path, tiny_model_dir: Path, piqa_dir: Path
+) -> None:
+    variables = {
+        "model": tiny_model_dir, "data_dir": piqa_dir, "engine": "pipe", "device_count": 2,
+        "batch_size": 8, "train_steps": 4,
+    }  # fmt: skip
+    command = [sys.executable, "-m", "tango", "run", "examples/torch_train_fairscale.jsonnet"]
+    command += ["-i", "tango_fairscale", "-i", "examples/torch_train_piqa.py"]
+    command += ["-w", str(tmp_path / "ws")]
+    command += [option for name, value in variables.items() for option in ("-D", f"{name}={value}")]
+    run = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
+    assert run.returncode == 1 and run.stdout == ""
+    [line] = run.stderr.splitlines()
+    assert PIPE_ON_TWO in line
+    assert not (tmp_path / "ws").exists()  # refused before the workspace, let alone a worker
 
 
 @pytest.mark.slow

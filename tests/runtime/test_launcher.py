@@ -278,8 +278,8 @@ def test_device_count_must_match_the_launcher(data: tuple[str, ...], tmp_path: P
     nodes = torchrun_nodes(tmp_path / "ws", (*data, "engine=fsdp2", "device_count=4"))
     assert all(code != 0 for code, _ in nodes)  # rank 1 exits with rank 0's exit code
     assert (
-        "ConfigurationError: device_count 4 disagrees with the launcher's 2 processes "
-        "(WORLD_SIZE); set -D device_count=2" in nodes[0][1]
+        "device_count 4 disagrees with the launcher's 2 processes (WORLD_SIZE); set -D "
+        "device_count=2" in nodes[0][1]
     )
 
 
@@ -304,9 +304,8 @@ def test_workspace_must_be_shared_by_every_node(data: tuple[str, ...], tmp_path:
         node1_prefix=("unshare", "--mount", "sh", "-c", hide, "sh"),
     )
     assert all(code != 0 for code, _ in nodes)
-    error = "tango.common.exceptions.ConfigurationError: "
-    line = next(line for line in nodes[0][1].splitlines() if line.startswith(error))
-    assert line.startswith(f"{error}rank 1: cannot see {workspace}/cache/TrainStep-"), line
+    line = next(line for line in nodes[0][1].splitlines() if "rank 1: cannot see" in line)
+    assert f" ERROR    rank 1: cannot see {workspace}/cache/TrainStep-" in line, line
     assert "the workspace (-w) must be on storage every node mounts at the same path" in line
 
 
@@ -364,8 +363,8 @@ def test_plain_tango_run_under_a_launcher_is_refused(data: tuple[str, ...], tmp_
     )
     assert result.returncode != 0
     assert (
-        "ConfigurationError: this process is one of 2 started by a launcher (WORLD_SIZE is "
-        "set): start them with 'python -m tango_fairscale run ...' instead of 'tango run ...'"
+        "this process is one of 2 started by a launcher (WORLD_SIZE is set): start them with "
+        "'python -m tango_fairscale run ...' instead of 'tango run ...'"
     ) in result.stdout + result.stderr
 
 

@@ -1,5 +1,6 @@
 """Workers (``runtime.spawn.run_workers``) share the machine's cores, take the caller's environment,
-die with their launcher and can use its GPU."""
+die with their launcher and can use its GPU; a worker's error is one line that keeps the worker's
+traceback as its cause."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tango_fairscale.runtime.spawn import run_workers
+from tango_fairscale.runtime.spawn import WorkerFailed, run_workers
 
 
 def record_threads(rank: int, directory: Path) -> None:
@@ -76,11 +77,25 @@ def test_workers_take_the_environment_of_the_call_not_of_the_server_start(
     assert [(tmp_path / f"rank{r}").read_text() for r in range(2)] == ["65000 True"] * 2
 
 
+def fail_on_rank_one(rank: int) -> None:
+    if rank == 1:
+        {}["missing key"]
+
+
+def test_a_workers_error_is_one_line_and_keeps_its_traceback() -> None:
+    """What the run's log shows under the one line (tests/test_terminal_errors.py)."""
+    with pytest.raises(WorkerFailed) as error:
+        run_workers(fail_on_rank_one, (), 2, signal.SIGTERM)
+    assert str(error.value) == "training process 1 failed: KeyError: 'missing key'"
+    cause = str(error.value.__cause__)
+    assert "Traceback (most recent call last)" in cause and "in fail_on_rank_one" in cause
+
+
 LAUNCHER = """
 import signal, sys
 sys.path.insert(0, {here!r})
 from test_spawn import write_pid_then_sleep
-from tango_fairscale.runtime.spawn import run_workers
+from tango_fairscale.runtime.spawn import WorkerFailed, run_workers
 run_workers(write_pid_then_sleep, ({directory!r},), 2, signal.SIGTERM)
 """
 
