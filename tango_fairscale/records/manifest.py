@@ -26,7 +26,8 @@ class Identity:
     world_size: int
 
     def __str__(self) -> str:
-        return f"step {self.step} of run {self.run_id} on {self.world_size} processes"
+        processes = "process" if self.world_size == 1 else "processes"
+        return f"step {self.step} of run {self.run_id} on {self.world_size} {processes}"
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
