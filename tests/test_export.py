@@ -128,7 +128,9 @@ def a_partial_copy(step: Path, trained: Trained) -> Path:
 
 def without(name: str) -> Callable[[Path, Trained], Path]:
     def remove(step: Path, trained: Trained) -> Path:
-        shutil.rmtree(step / name) if (step / name).is_dir() else (step / name).unlink()
+        if (step / name).is_dir():
+            shutil.rmtree(step / name)
+        (step / name).unlink(missing_ok=True)
         return step
 
     return remove

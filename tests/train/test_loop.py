@@ -315,7 +315,7 @@ def test_a_checkpoint_without_manifest_is_refused_in_one_line(
     from tango.common.exceptions import ConfigurationError
 
     shutil.copytree(trained_run(FIVE_STEPS).work_dir / "checkpoints", tmp_path / "checkpoints")
-    (tmp_path / "checkpoints" / "step0000005" / "manifest.json").unlink()
+    (tmp_path / "checkpoints" / "step0000005" / "manifest.json").unlink(missing_ok=True)
     with pytest.raises(ConfigurationError) as error:
         train_in(tmp_path, tiny_model_dir, piqa_small, "tango_fairscale::ddp", 1, 10)
     message = str(error.value)
