@@ -33,22 +33,35 @@ def odd_model_dir(tmp_path_factory, tokenizer_dir: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, odd_model_dir: Path, piqa_small) -> Callable[..., Path]:
-    """``trained(engine, device_count, steps=5, **engine_params)``: the work dir of a run of our
-    loop, checkpointed every 5 steps (each made once per module)."""
+    """``trained(engine, device_count, **engine_params)``: the work dir of a 5-step run of our
+    loop (each made once per module)."""
     runs: dict[str, Path] = {}
 
-    def run(engine: str, device_count: int, steps: int = STEPS, **engine_params: Any) -> Path:
-        key = f"{engine}-{device_count}-{steps}-{sorted(engine_params.items())}"
+    def run(engine: str, device_count: int, **engine_params: Any) -> Path:
+        key = f"{engine}-{device_count}-{sorted(engine_params.items())}"
         if key not in runs:
             work_dir = tmp_path_factory.mktemp(f"{engine}-{device_count}")
             name = f"tango_fairscale::{engine}"
             train_in(
-                work_dir, odd_model_dir, piqa_small, name, device_count, steps, **engine_params
+                work_dir, odd_model_dir, piqa_small, name, device_count, STEPS, **engine_params
             )
             runs[key] = work_dir
         return runs[key]
 
     return run
+
+
+@pytest.fixture(scope="module")
+def resumed_run(tmp_path_factory, odd_model_dir: Path, piqa_small) -> tuple[Path, Path]:
+    """A FairScale run stopped after its step-5 checkpoint and resumed to step 10: its work dir,
+    and a copy of its step-5 checkpoint taken before it resumed."""
+    work_dir = tmp_path_factory.mktemp("resumed")
+    for steps in (5, 10):
+        train_in(work_dir, odd_model_dir, piqa_small, "tango_fairscale::fairscale", 1, steps)
+        if steps == 5:
+            step5 = tmp_path_factory.mktemp("step5") / "step0000005"
+            shutil.copytree(work_dir / STEP_DIR, step5)
+    return work_dir, step5
 
 
 def export(capsys: pytest.CaptureFixture[str], *args: object) -> tuple[int, str]:
@@ -113,21 +126,22 @@ def copy_of_checkpoint(source: Path, tmp_path: Path) -> Path:
     return target / STEP_DIR
 
 
-Trained = Callable[..., Path]
+#: Gives the resumed run (:func:`resumed_run`) to the damages that take files from it.
+Other = Callable[[], tuple[Path, Path]]
 
 
-def the_hf_files(step: Path, trained: Trained) -> Path:
+def the_hf_files(step: Path, other: Other) -> Path:
     return step / "hf"
 
 
-def a_partial_copy(step: Path, trained: Trained) -> Path:
+def a_partial_copy(step: Path, other: Other) -> Path:
     partial = step.parent / ".partial-step0000010"
     shutil.copytree(step, partial)
     return partial
 
 
-def without(name: str) -> Callable[[Path, Trained], Path]:
-    def remove(step: Path, trained: Trained) -> Path:
+def without(name: str) -> Callable[[Path, Other], Path]:
+    def remove(step: Path, other: Other) -> Path:
         if (step / name).is_dir():
             shutil.rmtree(step / name)
         (step / name).unlink(missing_ok=True)
@@ -136,23 +150,23 @@ def without(name: str) -> Callable[[Path, Trained], Path]:
     return remove
 
 
-def damaged(name: str) -> Callable[[Path, Trained], Path]:
-    def damage(step: Path, trained: Trained) -> Path:
+def damaged(name: str) -> Callable[[Path, Other], Path]:
+    def damage(step: Path, other: Other) -> Path:
         damage_in_place(step / name)
         return step
 
     return damage
 
 
-def truncated(name: str) -> Callable[[Path, Trained], Path]:
-    def cut(step: Path, trained: Trained) -> Path:
+def truncated(name: str) -> Callable[[Path, Other], Path]:
+    def cut(step: Path, other: Other) -> Path:
         truncate(step / name)
         return step
 
     return cut
 
 
-def hostile_metadata(step: Path, trained: Trained) -> Path:
+def hostile_metadata(step: Path, other: Other) -> Path:
     """A ``.metadata`` whose pickle walks from an allowed module to ``os.system``, the manifest
     forged to match."""
     marker = step / "payload-ran"
@@ -162,29 +176,30 @@ def hostile_metadata(step: Path, trained: Trained) -> Path:
     return step
 
 
-def another_runs_rank_file(step: Path, trained: Trained) -> Path:
+def another_runs_rank_file(step: Path, other: Other) -> Path:
     """rank0.pt of another run's checkpoint of the same step."""
-    replace_file(step / "rank0.pt", trained("fairscale", 1, steps=10) / STEP_DIR / "rank0.pt")
+    replace_file(step / "rank0.pt", other()[1] / "rank0.pt")
     return step
 
 
-def another_steps_rank_file(step: Path, trained: Trained) -> Path:
+def another_steps_rank_file(step: Path, other: Other) -> Path:
     """rank0.pt of the same run's next checkpoint."""
-    run = trained("fairscale", 1, steps=10)
-    step = copy_of_checkpoint(run, step.parents[2] / "same-run")
-    replace_file(step / "rank0.pt", run / "checkpoints" / "step0000010" / "rank0.pt")
+    work_dir, step5 = other()
+    step = step.parents[1] / "same-run" / "checkpoints" / step5.name
+    shutil.copytree(step5, step)
+    replace_file(step / "rank0.pt", work_dir / "checkpoints" / "step0000010" / "rank0.pt")
     return step
 
 
-def another_runs_rank_file_resealed(step: Path, trained: Trained) -> Path:
+def another_runs_rank_file_resealed(step: Path, other: Other) -> Path:
     """As :func:`another_runs_rank_file`, the manifest forged to match: the file's own identity
     still tells."""
-    reseal(another_runs_rank_file(step, trained))
+    reseal(another_runs_rank_file(step, other))
     return step
 
 
 OF_ANOTHER = "(rank0.pt: of another checkpoint (step"
-CASES: dict[str, tuple[str, Callable[[Path, Trained], Path], str]] = {
+CASES: dict[str, tuple[str, Callable[[Path, Other], Path], str]] = {
     # name: (engine of the run, what to make of a copy of its checkpoint, the message)
     "not a checkpoint": ("fairscale", the_hf_files, "holds no checkpoint"),
     "a partial checkpoint": ("fairscale", a_partial_copy, "is a partial checkpoint"),
@@ -242,9 +257,10 @@ CASES: dict[str, tuple[str, Callable[[Path, Trained], Path], str]] = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_export_refuses_in_one_line(case: str, trained, tmp_path: Path, capsys) -> None:
+def test_export_refuses_in_one_line(case: str, trained, request, tmp_path: Path, capsys) -> None:
     engine, damage, message = CASES[case]
-    target = damage(copy_of_checkpoint(trained(engine, 1), tmp_path), trained)
+    other = lambda: request.getfixturevalue("resumed_run")  # noqa: E731
+    target = damage(copy_of_checkpoint(trained(engine, 1), tmp_path), other)
     code, err = export(capsys, target, tmp_path / "hf")
     assert code == 2
     assert err.startswith("tango-fairscale: error: ") and err.count("\n") == 1, err
@@ -253,10 +269,10 @@ def test_export_refuses_in_one_line(case: str, trained, tmp_path: Path, capsys) 
     assert not list(tmp_path.rglob("payload-ran"))
 
 
-def test_a_damaged_checkpoint_names_an_earlier_one(trained, tmp_path: Path, capsys) -> None:
+def test_a_damaged_checkpoint_names_an_earlier_one(resumed_run, tmp_path: Path, capsys) -> None:
     """The newest checkpoint is damaged: export names the one before."""
     run = tmp_path / "run"
-    shutil.copytree(trained("fairscale", 1, steps=10), run)
+    shutil.copytree(resumed_run[0], run)
     damage_in_place(run / "checkpoints" / "step0000010" / "rank0.pt")
     code, err = export(capsys, run, tmp_path / "hf")
     assert code == 2 and err.count("\n") == 1, err
