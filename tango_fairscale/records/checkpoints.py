@@ -185,19 +185,30 @@ def complete_checkpoints(checkpoints: Path) -> list[Path]:
 
 
 def commit(partial: Path, keep: int) -> Path:
-    """Make the fully written ``partial`` checkpoint complete: rename it to its ``stepN`` name,
-    name it in ``latest`` and delete all but the newest ``keep`` complete checkpoints."""
+    """Make the fully written ``partial`` checkpoint complete: rename it to its ``stepN`` name
+    (replacing one of that name: after a fallback), name it in ``latest`` and delete all but the
+    newest ``keep`` complete checkpoints."""
     checkpoints = partial.parent
     final = checkpoints / partial.name.removeprefix(PARTIAL_PREFIX)
     if final.exists():
-        shutil.rmtree(final)
+        _discard(final)
     os.replace(partial, final)
     temporary = checkpoints / f"{LATEST}.tmp"
     temporary.write_text(final.name)
     os.replace(temporary, checkpoints / LATEST)
     for old in complete_checkpoints(checkpoints)[keep:]:
-        shutil.rmtree(old)
+        _discard(old)
     return final
+
+
+def _discard(directory: Path) -> None:
+    """Delete a complete checkpoint, renamed out of the listing first: a crash midway leaves a
+    ``.partial-`` directory (removed on the next start), never a half-deleted ``stepN``."""
+    doomed = directory.with_name(f"{PARTIAL_PREFIX}discarded-{directory.name}")
+    if doomed.exists():
+        shutil.rmtree(doomed)
+    os.replace(directory, doomed)
+    shutil.rmtree(doomed)
 
 
 def clear_partials(checkpoints: Path) -> None:

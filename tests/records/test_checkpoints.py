@@ -147,6 +147,11 @@ def test_commit_renames_names_latest_and_keeps_the_newest(tmp_path) -> None:
     ]
     commit(checkpoint(partial_dir(checkpoints, 400), 400), keep=1)
     assert [path.name for path in complete_checkpoints(checkpoints)] == ["step0000400"]
+    # The same step again (a rerun that fell back past it): the new one replaces it.
+    again = checkpoint(partial_dir(checkpoints, 400), 400, **{"rank0.pt": b"again"})
+    commit(again, keep=1)
+    assert (checkpoints / "step0000400" / "rank0.pt").read_bytes() == b"again"
+    assert sorted(path.name for path in checkpoints.iterdir()) == [LATEST, "step0000400"]
 
 
 def test_listing_ignores_everything_but_step_directories(tmp_path) -> None:
