@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import assert_close_by_key, save_tiny_gpt2, train_in
+from helpers.checkpoints import damage_in_place, replace_file, reseal, truncate
 from helpers.hostile_pickles import calling_pickle
 
 from tango_fairscale.cli import main
@@ -48,6 +49,19 @@ def trained(tmp_path_factory, odd_model_dir: Path, piqa_small) -> Callable[..., 
         return runs[key]
 
     return run
+
+
+@pytest.fixture(scope="module")
+def resumed_run(tmp_path_factory, odd_model_dir: Path, piqa_small) -> tuple[Path, Path]:
+    """A FairScale run stopped after its step-5 checkpoint and resumed to step 10: its work dir,
+    and a copy of its step-5 checkpoint taken before it resumed."""
+    work_dir = tmp_path_factory.mktemp("resumed")
+    for steps in (5, 10):
+        train_in(work_dir, odd_model_dir, piqa_small, "tango_fairscale::fairscale", 1, steps)
+        if steps == 5:
+            step5 = tmp_path_factory.mktemp("step5") / "step0000005"
+            shutil.copytree(work_dir / STEP_DIR, step5)
+    return work_dir, step5
 
 
 def export(capsys: pytest.CaptureFixture[str], *args: object) -> tuple[int, str]:
@@ -103,7 +117,7 @@ def test_export_equals_the_runs_final_weights(
     assert (tmp_path / "hf" / "tokenizer.json").is_file()
 
 
-# --- refusals: one line each, saying what to change -------------------------------------------
+# --- refusals: one line each, naming the file and saying what to change ------------------------
 
 
 def copy_of_checkpoint(source: Path, tmp_path: Path) -> Path:
@@ -112,103 +126,160 @@ def copy_of_checkpoint(source: Path, tmp_path: Path) -> Path:
     return target / STEP_DIR
 
 
-def edit_rank_file(path: Path, **changes: object) -> None:
-    """Set (or, given ``None``, remove) entries of a rank file."""
-    state = torch.load(path, weights_only=True)
-    for key, value in changes.items():
-        if value is None:
-            del state[key]
-        else:
-            state[key] = value
-    torch.save(state, path)
+#: Gives the resumed run (:func:`resumed_run`) to the damages that take files from it.
+Other = Callable[[], tuple[Path, Path]]
 
 
-def the_hf_files(step: Path) -> Path:
+def the_hf_files(step: Path, other: Other) -> Path:
     return step / "hf"
 
 
-def a_partial_copy(step: Path) -> Path:
+def a_partial_copy(step: Path, other: Other) -> Path:
     partial = step.parent / ".partial-step0000010"
     shutil.copytree(step, partial)
     return partial
 
 
-def rank0_of_two(step: Path) -> Path:
-    edit_rank_file(step / "rank0.pt", world_size=2)
-    return step
-
-
-def truncated_rank0(step: Path) -> Path:
-    path = step / "rank0.pt"
-    path.write_bytes(path.read_bytes()[:1000])
-    return step
-
-
-def without(name: str) -> Callable[[Path], Path]:
-    def remove(step: Path) -> Path:
-        shutil.rmtree(step / name) if (step / name).is_dir() else (step / name).unlink()
+def without(name: str) -> Callable[[Path, Other], Path]:
+    def remove(step: Path, other: Other) -> Path:
+        if (step / name).is_dir():
+            shutil.rmtree(step / name)
+        (step / name).unlink(missing_ok=True)
         return step
 
     return remove
 
 
-def hostile_metadata(step: Path) -> Path:
-    """A ``.metadata`` whose pickle walks from an allowed module to ``os.system``."""
+def damaged(name: str) -> Callable[[Path, Other], Path]:
+    def damage(step: Path, other: Other) -> Path:
+        damage_in_place(step / name)
+        return step
+
+    return damage
+
+
+def truncated(name: str) -> Callable[[Path, Other], Path]:
+    def cut(step: Path, other: Other) -> Path:
+        truncate(step / name)
+        return step
+
+    return cut
+
+
+def hostile_metadata(step: Path, other: Other) -> Path:
+    """A ``.metadata`` whose pickle walks from an allowed module to ``os.system``, the manifest
+    forged to match."""
     marker = step / "payload-ran"
     exploit = calling_pickle("torch.distributed.checkpoint.metadata", "os.system", marker)
     (step / ".metadata").write_bytes(exploit)
+    reseal(step)
     return step
 
 
-def without_layout(step: Path) -> Path:
-    edit_rank_file(step / "rank0.pt", model_metadata=None)
+def another_runs_rank_file(step: Path, other: Other) -> Path:
+    """rank0.pt of another run's checkpoint of the same step."""
+    replace_file(step / "rank0.pt", other()[1] / "rank0.pt")
     return step
 
 
-CASES: dict[str, tuple[str, Callable[[Path], Path], str]] = {
+def another_steps_rank_file(step: Path, other: Other) -> Path:
+    """rank0.pt of the same run's next checkpoint."""
+    work_dir, step5 = other()
+    step = step.parents[1] / "same-run" / "checkpoints" / step5.name
+    shutil.copytree(step5, step)
+    replace_file(step / "rank0.pt", work_dir / "checkpoints" / "step0000010" / "rank0.pt")
+    return step
+
+
+def another_runs_rank_file_resealed(step: Path, other: Other) -> Path:
+    """As :func:`another_runs_rank_file`, the manifest forged to match: the file's own identity
+    still tells."""
+    reseal(another_runs_rank_file(step, other))
+    return step
+
+
+OF_ANOTHER = "(rank0.pt: of another checkpoint (step"
+CASES: dict[str, tuple[str, Callable[[Path, Other], Path], str]] = {
     # name: (engine of the run, what to make of a copy of its checkpoint, the message)
     "not a checkpoint": ("fairscale", the_hf_files, "holds no checkpoint"),
     "a partial checkpoint": ("fairscale", a_partial_copy, "is a partial checkpoint"),
-    "a missing rank file": (
+    "a missing rank file": ("fairscale", without("rank0.pt"), "is damaged (rank0.pt: missing)"),
+    "a truncated rank file": ("fairscale", truncated("rank0.pt"), "(rank0.pt: 1000 bytes, "),
+    "same-size damage in a rank file": (
         "fairscale",
-        rank0_of_two,
-        "was written by 2 processes but holds rank0.pt: every rank0.pt ... rank1.pt",
+        damaged("rank0.pt"),
+        "is damaged (rank0.pt: checksum mismatch)",
     ),
-    "an unreadable rank file": ("fairscale", truncated_rank0, "cannot read"),
+    "a rank file of another run, same step": ("fairscale", another_runs_rank_file, OF_ANOTHER),
+    "a rank file of the same run, another step": (
+        "fairscale",
+        another_steps_rank_file,
+        f"{OF_ANOTHER} 10 of run",
+    ),
+    "another run's rank file under a forged manifest": (
+        "fairscale",
+        another_runs_rank_file_resealed,
+        f"{OF_ANOTHER} 5 of run",
+    ),
     "a missing distributed checkpoint file": (
         "fsdp2",
         without("__0_0.distcp"),
-        "lacks __0_0.distcp",
+        "is damaged (__0_0.distcp: missing)",
     ),
-    "a partial distributed checkpoint": (
+    "same-size damage in a .distcp": (
+        "fsdp2",
+        damaged("__0_0.distcp"),
+        "is damaged (__0_0.distcp: checksum mismatch)",
+    ),
+    "a truncated .distcp": ("fsdp2", truncated("__0_0.distcp"), "(__0_0.distcp: 1000 bytes, "),
+    "same-size damage in trainer.pt": (
+        "fsdp2",
+        damaged("trainer.pt"),
+        "is damaged (trainer.pt: checksum mismatch)",
+    ),
+    "no distributed checkpoint metadata": (
         "fsdp2",
         without(".metadata"),
-        "is a partial distributed checkpoint",
+        "is damaged (.metadata: missing)",
     ),
     "a metadata global outside the allow-list": (
         "fsdp2",
         hostile_metadata,
         "os.system is not part of a distributed checkpoint's metadata",
     ),
-    "no model config": ("fairscale", without("hf"), "carries no model config"),
-    "shards without their layout": (
+    "no model config": ("fairscale", without("hf"), "is damaged (hf/tokenizer.json: missing)"),
+    "written before manifests": (
         "fairscale",
-        without_layout,
-        "without their layout (model_metadata)",
+        without("manifest.json"),
+        "has no manifest.json: it was written before tango_fairscale checksummed its checkpoints",
     ),
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_export_refuses_in_one_line(case: str, trained, tmp_path: Path, capsys) -> None:
+def test_export_refuses_in_one_line(case: str, trained, request, tmp_path: Path, capsys) -> None:
     engine, damage, message = CASES[case]
-    target = damage(copy_of_checkpoint(trained(engine, 1), tmp_path))
+    other = lambda: request.getfixturevalue("resumed_run")  # noqa: E731
+    target = damage(copy_of_checkpoint(trained(engine, 1), tmp_path), other)
     code, err = export(capsys, target, tmp_path / "hf")
     assert code == 2
     assert err.startswith("tango-fairscale: error: ") and err.count("\n") == 1, err
     assert message in err, err
     assert not (tmp_path / "hf").exists()
     assert not list(tmp_path.rglob("payload-ran"))
+
+
+def test_a_damaged_checkpoint_names_an_earlier_one(resumed_run, tmp_path: Path, capsys) -> None:
+    """The newest checkpoint is damaged: export names the one before."""
+    run = tmp_path / "run"
+    shutil.copytree(resumed_run[0], run)
+    damage_in_place(run / "checkpoints" / "step0000010" / "rank0.pt")
+    code, err = export(capsys, run, tmp_path / "hf")
+    assert code == 2 and err.count("\n") == 1, err
+    assert "step0000010 is damaged (rank0.pt: checksum mismatch)" in err, err
+    assert f"export an earlier checkpoint ({run / STEP_DIR})" in err, err
+    code, err = export(capsys, run / STEP_DIR, tmp_path / "hf")
+    assert code == 0, err
 
 
 def test_export_refuses_a_nonempty_output_directory(trained, tmp_path: Path, capsys) -> None:

@@ -234,6 +234,8 @@ def test_unknown_precision_lists_the_choices(tmp_path: Path, name: str) -> None:
         ("batch_size", 0),
         ("grad_accum", -1),
         ("checkpoint_every", 0),
+        ("keep_checkpoints", 0),
+        ("keep_checkpoints", "2"),
         ("validate_every", 0),  # used to be read as 1
         ("eval_batch_size", "32"),
         ("device_count", 0),

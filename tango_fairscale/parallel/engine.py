@@ -1,9 +1,10 @@
 """What every engine shares: precision, micro-batches with ``no_sync``, clipping, the grad scaler,
-checkpoint files.
+and a checkpoint format.
 
 An engine is a Tango ``TrainingEngine``: it wraps the model (DDP, FSDP, ...) and runs forward,
 backward and the optimizer step. :class:`Engine` implements everything but the wrapping;
-subclasses override :meth:`Engine._wrap_model` and, when sharded, the state-dict hooks.
+subclasses override :meth:`Engine._wrap_model` and, when sharded, the state-dict hooks and
+:meth:`Engine._checkpoint_format` (:mod:`.checkpoint_format`: the layout on disk).
 Our ``tango_fairscale::train`` and Tango's own ``torch::train`` both drive engines; for the latter,
 :meth:`Engine.save_complete_weights_from_checkpoint` consolidates offline
 (:mod:`~tango_fairscale.parallel.consolidate`).
@@ -15,7 +16,7 @@ import contextlib
 import logging
 import os
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 from tango.common import Lazy
@@ -25,10 +26,12 @@ from tango.integrations.torch import LRScheduler, Model, Optimizer, TrainConfig,
 from .. import compat  # noqa: F401  (Tango fixes)
 from ..checks import positive_number
 from ..model.causal_lm import ModelWrapper, move_batch
+from ..records.checkpoints import Identity, run_id
 from ..runtime.process_group import join_process_group
 from . import consolidate
+from .checkpoint_format import CheckpointFormat
 from .precision import resolve_precision
-from .safe_load import load_torch_file
+from .rank_files import RankFiles
 from .sharding import ShardingConfig
 
 logger = logging.getLogger(__name__)
@@ -43,8 +46,6 @@ class Engine(TrainingEngine):
 
     #: Whether every rank holds different model/optimizer state (and so writes its own file).
     sharded = False
-    #: Whether a checkpoint written by N processes loads on another number of processes.
-    reshards_checkpoints = True
 
     def __init__(
         self,
@@ -75,6 +76,7 @@ class Engine(TrainingEngine):
         super().__init__(train_config, model, optimizer, lr_scheduler=lr_scheduler)
         self.grad_scaler = self._make_grad_scaler() if self.precision.needs_grad_scaler else None
         self.skipped_steps = 0  # optimizer steps the fp16 grad scaler skipped
+        self.checkpoint_format = self._checkpoint_format()
 
     # --- construction -------------------------------------------------------------------------
 
@@ -99,6 +101,10 @@ class Engine(TrainingEngine):
 
     def _make_grad_scaler(self) -> Any:
         return torch.amp.GradScaler(self.device.type)
+
+    def _checkpoint_format(self) -> CheckpointFormat:
+        """The layout of this engine's checkpoints: rank 0's file, by default."""
+        return RankFiles()
 
     @property
     def wrapped_model(self) -> ModelWrapper:
@@ -209,52 +215,25 @@ class Engine(TrainingEngine):
             return None
         return {k: v.detach().cpu() for k, v in self.wrapped_model.state_dict().items()}
 
-    def _state_file(self, checkpoint_dir: Path, rank: int | None = None) -> Path:
-        rank = self.train_config.worker_id if rank is None else rank
-        return checkpoint_dir / f"rank{rank}.pt"
-
     def model_layout(self) -> dict[str, Any]:
         """What a rank file carries besides :meth:`model_state` so that the full model can be
         rebuilt offline from the files (nothing when that state is the full state)."""
         return {}
 
     def save_checkpoint(self, checkpoint_dir: Path, client_state: dict[str, Any]) -> None:
-        """Write this rank's state into ``checkpoint_dir`` (the caller makes it final); rank 0
-        adds the model's config and tokenizer (:func:`~.consolidate.save_model_files`)."""
-        if not self.sharded and self.train_config.worker_id != 0:
-            return  # every rank holds the same state; rank 0's copy serves all
-        state = {
-            "model": self.model_state(),
-            **self.model_layout(),
-            "optimizer": self.optimizer_state(),
-            "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler else None,
-            "grad_scaler": self.grad_scaler.state_dict() if self.grad_scaler else None,
-            "client_state": client_state,
-        }
-        checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        path = self._state_file(checkpoint_dir)
-        torch.save(state, path.with_suffix(".tmp"))
-        os.replace(path.with_suffix(".tmp"), path)
-        if self.train_config.worker_id == 0:
-            consolidate.save_model_files(self.wrapped_model, checkpoint_dir)
+        """Tango's API (``torch::train`` calls it on every rank): write the checkpoint's files and
+        its manifest into ``checkpoint_dir`` (:meth:`.CheckpointFormat.save`; the caller makes it
+        final). The step is ``client_state["step"]`` (ours) or ``["training_steps"]``
+        (``torch::train``'s); the run id is kept beside the checkpoint directory."""
+        directory = Path(checkpoint_dir)
+        step = int(client_state.get("step", client_state.get("training_steps", 0)))
+        identity = Identity(run_id(directory.parent), step, self.train_config.world_size)
+        self.checkpoint_format.save(self, directory, client_state, identity)
 
     def load_checkpoint(self, checkpoint_dir: Path) -> dict[str, Any]:
-        if not self.reshards_checkpoints:
-            written_by = len(list(checkpoint_dir.glob("rank*.pt")))
-            if written_by != self.train_config.world_size:
-                raise ConfigurationError(
-                    f"checkpoint {checkpoint_dir} holds the shards of {written_by} processes and "
-                    f"this engine cannot reshard them; resume with device_count={written_by}"
-                )
-        rank = self.train_config.worker_id if self.sharded else 0
-        state = load_torch_file(self._state_file(checkpoint_dir, rank))
-        self.load_model_state(state["model"])
-        self.load_optimizer_state(state["optimizer"])
-        if self.lr_scheduler is not None and state["lr_scheduler"] is not None:
-            self.lr_scheduler.load_state_dict(state["lr_scheduler"])
-        if self.grad_scaler is not None and state["grad_scaler"] is not None:
-            self.grad_scaler.load_state_dict(state["grad_scaler"])
-        return cast(dict[str, Any], state["client_state"])
+        """Tango's API (call on every rank): verify and load ``checkpoint_dir``; its client
+        state (:meth:`.CheckpointFormat.restore`: one-line errors)."""
+        return self.checkpoint_format.restore(self, Path(checkpoint_dir))
 
     def save_complete_weights_from_checkpoint(
         self, checkpoint_dir: Path, weights_path: Path

@@ -15,7 +15,9 @@ from tango.integrations.torch import Model, TrainingEngine
 
 from ..compat import fairscale as fairscale_fixes
 from ..model.causal_lm import ModelWrapper
+from .checkpoint_format import CheckpointFormat
 from .engine import ShardedEngine
+from .rank_files import RankFiles
 from .sharding import apply_sharding, selected_units
 
 
@@ -38,8 +40,6 @@ class FairScaleEngine(ShardedEngine):
                             activation_checkpointing: true},
                  optimizer: {type: "torch::AdamW", lr: 1e-5}}
     """
-
-    reshards_checkpoints = False
 
     def _check_options(self) -> None:
         if self.precision.name == "bf16-true":
@@ -96,6 +96,9 @@ class FairScaleEngine(ShardedEngine):
 
     def _make_grad_scaler(self) -> Any:
         return ShardedGradScaler()
+
+    def _checkpoint_format(self) -> CheckpointFormat:
+        return RankFiles(sharded=True, reshards=False)  # every rank's shards, FairScale's layout
 
     @property
     def fsdp(self) -> FSDP:

@@ -6,32 +6,23 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, cast
 
 import torch
-import torch.distributed.checkpoint as dcp
 from tango.common.exceptions import ConfigurationError
 from tango.integrations.torch import Model, TrainingEngine
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_state_dict,
-    set_state_dict,
-)
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from ..model.causal_lm import ModelWrapper
-from . import consolidate
+from .checkpoint_format import CheckpointFormat
+from .distributed_checkpoint import DistributedCheckpoint
 from .engine import ShardedEngine
-from .safe_load import load_dcp, load_torch_file
 from .sharding import apply_sharding, selected_units
 
 logger = logging.getLogger(__name__)
-
-TRAINER_STATE = "trainer.pt"
 
 
 @TrainingEngine.register("tango_fairscale::fsdp2")
@@ -126,33 +117,8 @@ class FSDP2Engine(ShardedEngine):
 
     # --- state: torch.distributed.checkpoint, resharded on load -----------------------------------
 
-    def save_checkpoint(self, checkpoint_dir: Path, client_state: dict[str, Any]) -> None:
-        model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
-        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=checkpoint_dir)
-        if self.train_config.worker_id == 0:
-            trainer = {
-                "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler else None,
-                "grad_scaler": self.grad_scaler.state_dict() if self.grad_scaler else None,
-                "client_state": client_state,
-            }
-            torch.save(trainer, checkpoint_dir / TRAINER_STATE)
-            consolidate.save_model_files(self.wrapped_model, checkpoint_dir)
-
-    def load_checkpoint(self, checkpoint_dir: Path) -> dict[str, Any]:
-        model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
-        load_dcp({"model": model_state, "optimizer": optimizer_state}, checkpoint_dir)
-        set_state_dict(
-            self.model,
-            self.optimizer,
-            model_state_dict=model_state,
-            optim_state_dict=optimizer_state,
-        )
-        trainer = load_torch_file(checkpoint_dir / TRAINER_STATE)
-        if self.lr_scheduler is not None and trainer["lr_scheduler"] is not None:
-            self.lr_scheduler.load_state_dict(trainer["lr_scheduler"])
-        if self.grad_scaler is not None and trainer["grad_scaler"] is not None:
-            self.grad_scaler.load_state_dict(trainer["grad_scaler"])
-        return dict(trainer["client_state"])
+    def _checkpoint_format(self) -> CheckpointFormat:
+        return DistributedCheckpoint()
 
     def full_model_state(self) -> dict[str, torch.Tensor] | None:
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)

@@ -6,6 +6,7 @@ import contextlib
 import socket
 from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -100,3 +101,13 @@ def rank_and_world_size() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+def all_gather_objects(value: Any) -> list[Any]:
+    """``value`` of every rank, in rank order (``[value]`` without a process group); picklable
+    values only. Call on every rank."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return [value]
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, value)
+    return gathered

@@ -51,6 +51,11 @@ class TrainPlan:
     workspace: Any = None
     #: The summary key handed to callbacks as ``val_metric`` (higher is better).
     val_metric: str | None = None
+    #: Complete checkpoints kept (the newest); older ones are deleted.
+    keep_checkpoints: int = 2
+    #: The run's id, which every file of its checkpoints carries (made by the launching process,
+    #: kept beside the checkpoints; ``None``: each process reads or makes it there).
+    run_id: str | None = None
 
     @property
     def checkpoints(self) -> Path:

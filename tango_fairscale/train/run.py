@@ -20,11 +20,12 @@ from ..data.schedules import BatchSchedule
 from ..evaluation.harness import evaluate_task, merge, summary
 from ..evaluation.lm import ScorerLM
 from ..parallel.engine import Engine
+from ..records.checkpoints import run_id
 from ..runtime.process_group import barrier
 from ..runtime.signals import Preemption
 from ..tasks.lm_eval import load_tasks
 from .callbacks import Callbacks
-from .checkpoints import TrainingStopped, resume, resume_hint, save_checkpoint
+from .checkpoints import CheckpointPolicy, TrainingStopped, resume, resume_hint, save_checkpoint
 from .guards import NonFiniteGuard, any_rank
 from .log import TRAINING_LOG, TrainingLog
 from .meter import Throughput
@@ -64,6 +65,9 @@ class TrainingRun:
             train_config=config,
             engine=engine,
             training_pairs=plan.training_pairs,
+        )
+        self.checkpoints = CheckpointPolicy(
+            plan.checkpoints, plan.run_id or run_id(plan.checkpoints), plan.keep_checkpoints
         )
         resumed = resume(engine, plan.checkpoints, self.is_main)
         self.start = int(resumed.get("step", 0))
@@ -177,7 +181,7 @@ class TrainingRun:
         extra: dict[str, Any] = {"best_val_metric": self.best}
         if self.callbacks:
             extra["callbacks"] = self.callbacks.state_dict()
-        save_checkpoint(self.engine, self.plan.checkpoints, done, self.is_main, extra)
+        save_checkpoint(self.engine, self.checkpoints, done, self.is_main, extra)
         self.throughput.skip()
 
     def finish(self, step: int) -> None:

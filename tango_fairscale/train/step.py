@@ -17,6 +17,7 @@ from ..data.schedules import BatchSchedule
 from ..model.causal_lm import ModelWrapper
 from ..model.fingerprint import FingerprintedLazy
 from ..parallel.safe_load import load_torch_file
+from ..records.checkpoints import run_id
 from ..runtime import launcher
 from ..runtime.devices import job_devices
 from ..runtime.process_group import hosted_store
@@ -57,7 +58,12 @@ class TrainStep(Step[ModelWrapper]):
         validation metric they see is ``val_metric``.
     :param val_metric: the validation summary key handed to callbacks (higher is better), e.g.
         ``"arc_easy/acc"``; default: the first task's first metric.
-    :param checkpoint_every: steps between checkpoints; a rerun resumes from the newest one.
+    :param checkpoint_every: steps between checkpoints; a rerun resumes from the newest one whose
+        files match its manifest (sizes and SHA-256 digests, recorded while writing).
+    :param keep_checkpoints: complete checkpoints kept, the newest ones: once a checkpoint is
+        complete, all but the newest ``keep_checkpoints`` are deleted. A rerun whose newest
+        checkpoint is damaged (a file missing, truncated, altered, or from another checkpoint)
+        resumes from the one before and logs why, so ``1`` leaves nothing to fall back to.
     :param device_count: processes, one per GPU (or CPU processes over gloo without GPUs).
     :param preemption_signal: on this signal (``SIGTERM``, ``SIGUSR1``, ...) every rank finishes
         its step, a checkpoint is written and the step fails with :class:`TrainingStopped`;
@@ -76,10 +82,10 @@ class TrainStep(Step[ModelWrapper]):
     ``bf16-true`` run's bf16 values, upcast exactly); its ``training_log`` holds the logged loss
     and validation metrics by step, and its Tango hash is this step's unique id.
 
-    ``log_every``, ``eval_batch_size``, ``distributed_port``, ``device_count`` and
-    ``pack_sequences`` are not part of the cache key: 1 or 8 devices, packed or not, train the
-    same model (up to float rounding). The model's files are (:meth:`massage_kwargs`): a model
-    directory changed in place trains again.
+    ``log_every``, ``eval_batch_size``, ``distributed_port``, ``device_count``,
+    ``keep_checkpoints`` and ``pack_sequences`` are not part of the cache key: 1 or 8 devices,
+    packed or not, train the same model (up to float rounding). The model's files are
+    (:meth:`massage_kwargs`): a model directory changed in place trains again.
 
     Example (Jsonnet)::
 
@@ -104,6 +110,7 @@ class TrainStep(Step[ModelWrapper]):
         "preemption_signal",
         "collective_timeout_s",
         "pack_sequences",
+        "keep_checkpoints",
     }
 
     @classmethod
@@ -134,6 +141,7 @@ class TrainStep(Step[ModelWrapper]):
         callbacks: list[Lazy[TrainCallback]] | None = None,
         val_metric: str | None = None,
         checkpoint_every: int = 100,
+        keep_checkpoints: int = 2,
         device_count: int = 1,
         log_every: int = 10,
         eval_batch_size: int = 32,
@@ -148,6 +156,7 @@ class TrainStep(Step[ModelWrapper]):
                 "batch_size": batch_size,
                 "grad_accum": grad_accum,
                 "checkpoint_every": checkpoint_every,
+                "keep_checkpoints": keep_checkpoints,
                 "device_count": device_count,
                 "log_every": log_every,
                 "eval_batch_size": eval_batch_size,
@@ -200,6 +209,7 @@ class TrainStep(Step[ModelWrapper]):
                 list(callbacks or []),
                 self.workspace,
                 val_metric,
+                keep_checkpoints=keep_checkpoints,
             )
         )
 
@@ -247,6 +257,7 @@ def run_training(plan: TrainPlan) -> None:
     exist: this one (rank 0) hands the plan to the others and trains as rank 0.
     """
     plan.config.work_dir.mkdir(parents=True, exist_ok=True)
+    plan.run_id = run_id(plan.checkpoints)  # made once; every rank's files carry it
     launch = launcher.current()
     if launch is not None:
         job = launch.publish(plan.config.work_dir, plan)

@@ -108,10 +108,12 @@ def test_malicious_checkpoint_files_are_refused(
     """torch.distributed.checkpoint reads its metadata with plain pickle and its non-tensor
     entries with ``torch.load(weights_only=False)``: the engine reads both through allow-lists,
     so a planted payload never runs — a pickled class, a dotted name under an allowed module
-    (``torch.distributed.checkpoint.metadata`` / ``os.system``), an optimizer entry."""
+    (``torch.distributed.checkpoint.metadata`` / ``os.system``), an optimizer entry. The manifest
+    is forged to match the planted files (a digest proves integrity, not intent)."""
     import pickle
     import shutil
 
+    from helpers.checkpoints import reseal
     from helpers.hostile_pickles import calling_pickle, plant_byte_entry
     from tango.common.exceptions import ConfigurationError
 
@@ -127,6 +129,7 @@ def test_malicious_checkpoint_files_are_refused(
     else:
         key = "optimizer.param_groups.0.lr"
         plant_byte_entry(checkpoint, key, calling_pickle("os", "system", marker))
+    reseal(checkpoint)
     with pytest.raises(ConfigurationError, match=f"checkpoint {checkpoint} cannot be loaded"):
         train_in(work, tiny_model_dir, piqa_small, "tango_fairscale::fsdp2", 1, 10)
     assert not marker.exists()

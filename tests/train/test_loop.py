@@ -5,12 +5,14 @@ tier); their uninterrupted reference and the speed-option and bf16 parity runs t
 other parity runs of their world size (``tests/helpers/parity.py``)."""
 
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -53,6 +55,17 @@ def latest_checkpoint(workspace: Path) -> str | None:
 
 
 STEPS = 20  # the faults strike after the first checkpoint (step 5)
+
+#: ``train_in`` of 2 processes, resuming in work dir ``work``.
+RESUME = """
+import sys
+sys.path.insert(0, {tests!r})
+from pathlib import Path
+from conftest import train_in
+from tango_fairscale.tasks.piqa import read_piqa
+train_in(Path({work!r}), Path({{model!r}}), read_piqa(Path({{piqa!r}}), limit=64),
+         "tango_fairscale::fairscale", 2, {{steps}})
+"""
 
 #: The reference of the fault tests: the same 2-process FairScale run (``train_tiny``'s
 #: validation and checkpoints), never interrupted, trained with the other parity runs.
@@ -254,13 +267,18 @@ FIVE_STEPS = define(
 
 
 @trains(FIVE_STEPS)
-@pytest.mark.parametrize("damage", ["truncated", "malicious", "wrong-shape"])
+@pytest.mark.parametrize(
+    "damage", ["truncated", "malicious", "wrong-shape", "forged-malicious", "forged-wrong-shape"]
+)
 def test_a_damaged_checkpoint_is_refused_in_one_line(
     damage, trained_run, tmp_path, tiny_model_dir, piqa_small
 ) -> None:
+    """With no earlier checkpoint to fall back to. ``forged-``: the manifest rewritten to match
+    the files, so that the loaders themselves refuse them."""
     import shutil
 
     from conftest import train_in
+    from helpers.checkpoints import reseal
     from tango.common.exceptions import ConfigurationError
 
     from tango_fairscale.model.causal_lm import ModelWrapper
@@ -270,7 +288,7 @@ def test_a_damaged_checkpoint_is_refused_in_one_line(
     marker = tmp_path / "payload-ran"
     if damage == "truncated":
         state_file.write_bytes(state_file.read_bytes()[:1000])
-    elif damage == "malicious":
+    elif damage.endswith("malicious"):
         torch.save({"model": Payload(marker)}, state_file)
     else:  # a checkpoint of another model: wider embeddings
         other = tmp_path / "other-model"
@@ -280,12 +298,165 @@ def test_a_damaged_checkpoint_is_refused_in_one_line(
         state = torch.load(state_file, weights_only=True)
         state["model"] = ModelWrapper(str(other)).state_dict()
         torch.save(state, state_file)
+    if damage.startswith("forged"):
+        reseal(state_file.parent)
     with pytest.raises(ConfigurationError) as error:
         train_in(tmp_path, tiny_model_dir, piqa_small, "tango_fairscale::ddp", 1, 10)
     message = str(error.value)
     assert "\n" not in message
     assert f"checkpoint {state_file.parent} cannot be loaded" in message
+    if not damage.startswith("forged"):
+        assert "(rank0.pt: " in message and "it is damaged" in message
     assert not marker.exists()  # the payload never ran
+
+
+@trains(FIVE_STEPS)
+def test_a_checkpoint_without_manifest_is_refused_in_one_line(
+    trained_run, tmp_path, tiny_model_dir, piqa_small
+) -> None:
+    """A checkpoint written before checkpoints carried a manifest: nothing can verify it."""
+    import shutil
+
+    from conftest import train_in
+    from tango.common.exceptions import ConfigurationError
+
+    shutil.copytree(trained_run(FIVE_STEPS).work_dir / "checkpoints", tmp_path / "checkpoints")
+    (tmp_path / "checkpoints" / "step0000005" / "manifest.json").unlink(missing_ok=True)
+    with pytest.raises(ConfigurationError) as error:
+        train_in(tmp_path, tiny_model_dir, piqa_small, "tango_fairscale::ddp", 1, 10)
+    message = str(error.value)
+    assert "\n" not in message and "step0000005 has no manifest" in message
+    assert f"delete {tmp_path / 'checkpoints'} to start this step over" in message
+
+
+def fallback_run(engine: str) -> str:
+    """20 steps on one process, as ``train_in`` runs them (checkpoints every 5, validation every
+    10), keeping the default 2 checkpoints: steps 15 and 20."""
+    spec = RunSpec(engine, 1, train_steps=20, validate_every=10, checkpoint_every=5)
+    return define(f"{engine}/20-steps-one-process", spec)
+
+
+FALLBACK = {engine: fallback_run(engine) for engine in ("fairscale", "fsdp2")}
+
+
+def rank_file_of(run_id: str):
+    """A damage: the rank file re-saved as another run's (its identity's run id changed)."""
+
+    def damage(path: Path) -> None:
+        state = torch.load(path, weights_only=True)
+        state["checkpoint"]["run_id"] = run_id
+        torch.save(state, path)
+
+    return damage
+
+
+def the_file_of_step_15(path: Path) -> None:
+    from helpers.checkpoints import replace_file
+
+    replace_file(path, path.parents[1] / "step0000015" / path.name)
+
+
+def damages() -> dict[str, Any]:
+    from helpers.checkpoints import damage_in_place, truncate
+
+    return {
+        "same-size": (damage_in_place, "checksum mismatch"),
+        "truncated": (truncate, "1000 bytes, "),
+        "of step 15": (the_file_of_step_15, "of another checkpoint (step 15 of run "),
+        "of another run": (
+            rank_file_of("another-run"),
+            "of another checkpoint (step 20 of run anoth",
+        ),
+    }
+
+
+@pytest.mark.parametrize(
+    "engine, file, damage",
+    [
+        pytest.param(engine, file, damage, marks=trains(FALLBACK[engine]))
+        for engine, file, damage in [
+            ("fairscale", "rank0.pt", "same-size"),
+            ("fairscale", "rank0.pt", "of step 15"),
+            ("fairscale", "rank0.pt", "of another run"),
+            ("fsdp2", "__0_0.distcp", "same-size"),
+            ("fsdp2", "__0_0.distcp", "truncated"),
+            ("fsdp2", "trainer.pt", "same-size"),
+        ]
+    ],
+)
+def test_a_damaged_checkpoint_falls_back_to_the_one_before(
+    engine, file, damage, trained_run, tmp_path, tiny_model_dir, piqa_small, caplog
+) -> None:
+    """The newest checkpoint (step 20) damaged: the rerun says so, resumes from step 15 and ends
+    with the uninterrupted run's weights."""
+    import shutil
+
+    from conftest import train_in
+
+    reference = trained_run(FALLBACK[engine])
+    shutil.copytree(reference.work_dir / "checkpoints", tmp_path / "checkpoints")
+    kept = sorted(path.name for path in (tmp_path / "checkpoints").glob("step*"))
+    do, problem = damages()[damage]
+    do(tmp_path / "checkpoints" / "step0000020" / file)
+    with caplog.at_level(logging.WARNING):
+        train_in(tmp_path, tiny_model_dir, piqa_small, f"tango_fairscale::{engine}", 1, 20)
+    said = [r.getMessage() for r in caplog.records if "is damaged" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith(f"checkpoint step0000020 is damaged ({file}: ")
+    assert problem in said[0] and said[0].endswith("; resuming from step0000015"), said
+    state = torch.load(tmp_path / "final_weights.pt", weights_only=True)
+    assert_same_weights(reference.state_dict(), state)
+    raw = (tmp_path / "training_log.jsonl").read_text().splitlines()
+    assert [r["step"] for r in map(json.loads, raw) if "train_loss" in r] == list(range(16, 21))
+    assert kept == ["step0000015", "step0000020"]  # keep_checkpoints' default: 2
+
+
+@pytest.mark.slow
+@trains(UNINTERRUPTED)
+@pytest.mark.parametrize("damage", ["same-size", "of step 15"])
+def test_a_damaged_rank_file_of_two_is_refused_and_the_rerun_falls_back(
+    damage, tmp_path, tiny_model_dir, piqa_dir, uninterrupted, capsys
+) -> None:
+    """Rank 1's file of the newest checkpoint (step 20 of 2 processes) damaged, or taken from
+    another checkpoint: export refuses it in one line naming the file; the rerun (both ranks)
+    falls back to step 15, says so, and ends with the uninterrupted run's weights."""
+    import shutil
+
+    from tango_fairscale.cli import main
+
+    shutil.copytree(uninterrupted.work_dir / "checkpoints", tmp_path / "checkpoints")
+    do, problem = damages()[damage]
+    do(tmp_path / "checkpoints" / "step0000020" / "rank1.pt")
+    capsys.readouterr()
+    assert main(["export", str(tmp_path), str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "step0000020 is damaged (rank1.pt: " in err, err
+    assert problem in err and "export an earlier checkpoint" in err, err
+    # In a process of its own, whose workers' warnings reach its stderr.
+    command = RESUME.format(tests=str(Path(__file__).parents[1]), work=str(tmp_path))
+    command = command.format(model=str(tiny_model_dir), piqa=str(piqa_dir), steps=STEPS)
+    resumed = subprocess.run([sys.executable, "-c", command], capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    logged = resumed.stderr
+    assert "checkpoint step0000020 is damaged (rank1.pt: " in logged, logged[-2000:]
+    assert f"{problem}" in logged and "; resuming from step0000015" in logged, logged[-2000:]
+    state = torch.load(tmp_path / "final_weights.pt", weights_only=True)
+    assert_same_weights(uninterrupted.state_dict(), state)
+
+
+def test_keep_checkpoints_keeps_the_newest(tmp_path, tiny_model_dir, piqa_small) -> None:
+    """Checkpoints every 5 of 20 steps, ``keep_checkpoints: 3``: steps 10, 15 and 20 stay. The
+    setting is not part of the cache key."""
+    from conftest import train_tiny
+
+    train_tiny(tmp_path, tiny_model_dir, piqa_small, step_options={"keep_checkpoints": 3})
+    [checkpoints] = tmp_path.glob("cache/*/work/checkpoints")
+    kept = sorted(path.name for path in checkpoints.glob("step*"))
+    assert kept == ["step0000010", "step0000015", "step0000020"]
+    assert (checkpoints / "latest").read_text() == "step0000020"
+    assert not list(checkpoints.glob(".partial-*"))
+    # The same step with another keep_checkpoints: already done, nothing trains.
+    train_tiny(tmp_path, tiny_model_dir, piqa_small, step_options={"keep_checkpoints": 1})
+    assert sorted(path.name for path in checkpoints.glob("step*")) == kept
 
 
 @pytest.mark.slow

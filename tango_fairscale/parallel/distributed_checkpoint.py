@@ -1,0 +1,186 @@
+"""The ``torch.distributed.checkpoint`` format (``fsdp2``): sharded state that reshards on load.
+
+A checkpoint holds DCP's ``.metadata`` and ``__{rank}_{n}.distcp`` files, with ``model`` and
+``optimizer`` entries (``get_state_dict``'s), and ``trainer.pt`` (rank 0): the scheduler, grad
+scaler, client state and the checkpoint's identity. ``.metadata`` carries the identity too (as
+DCP's ``save_id``); the ``.distcp`` files are bound to it by their digests in the manifest,
+recorded while DCP writes them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.filesystem import FileSystem
+from torch.distributed.checkpoint.metadata import StorageMeta, TensorStorageMetadata
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from ..checks import reason
+from ..records.checkpoints import (
+    CheckpointError,
+    DamagedCheckpoint,
+    FileRecord,
+    HashingFile,
+    Identity,
+    Manifest,
+    write_file,
+)
+from .checkpoint_format import (
+    CheckpointFormat,
+    StateOwner,
+    identity_mismatch,
+    restore_trainer_state,
+    torch_saving,
+    trainer_state,
+)
+from .safe_load import SafeReader, load_dcp, load_torch_file, read_dcp_metadata
+
+TRAINER_STATE = "trainer.pt"
+DCP_METADATA = ".metadata"
+
+
+@dataclass
+class Snapshot:
+    """What :meth:`DistributedCheckpoint.take` returns."""
+
+    state: dict[str, Any]  # {"model": ..., "optimizer": ...}: this rank's shards
+    trainer: dict[str, Any] | None  # rank 0's trainer state, with the identity
+    identity: Identity
+
+
+class DistributedCheckpoint(CheckpointFormat):
+    """``torch.distributed.checkpoint`` directories: any number of processes loads them."""
+
+    name = "torch-dcp"
+
+    def take(self, owner: StateOwner, client_state: dict[str, Any], identity: Identity) -> Any:
+        model_state, optimizer_state = get_state_dict(owner.model, owner.optimizer)
+        trainer = None
+        if owner.train_config.worker_id == 0:
+            trainer = {**trainer_state(owner, client_state), "checkpoint": identity.as_dict()}
+        return Snapshot({"model": model_state, "optimizer": optimizer_state}, trainer, identity)
+
+    def write(self, snapshot: Any, directory: Path, rank: int) -> dict[str, FileRecord]:
+        writer = _HashingWriter(directory, snapshot.identity)
+        try:
+            dcp.save(snapshot.state, storage_writer=writer)
+        except CheckpointException as error:  # a BaseException, every rank's failures
+            _, (cause, _trace) = min(error.failures.items())
+            raise (cause if isinstance(cause, OSError) else OSError(reason(cause))) from None
+        records = dict(writer.fs.records)
+        if snapshot.trainer is not None:
+            trainer_file = directory / TRAINER_STATE
+            records[TRAINER_STATE] = write_file(trainer_file, torch_saving(snapshot.trainer))
+        return records
+
+    def foreign(self, path: Path, identity: Identity) -> str | None:
+        try:
+            if path.name == TRAINER_STATE:
+                found = load_torch_file(path, mmap=True).get("checkpoint")
+            elif path.name == DCP_METADATA:
+                found = _identity_of(read_dcp_metadata(path.read_bytes()))
+            else:
+                return None
+        except Exception:  # damaged beyond reading: the digest says enough
+            return None
+        problem = identity_mismatch(found, identity)
+        return problem if problem and problem.startswith("of another") else None
+
+    def load(self, owner: StateOwner, directory: Path, manifest: Manifest) -> dict[str, Any]:
+        check_metadata_identity(directory, manifest.identity)
+        model_state, optimizer_state = get_state_dict(owner.model, owner.optimizer)
+        load_dcp({"model": model_state, "optimizer": optimizer_state}, directory)
+        set_state_dict(
+            owner.model,
+            owner.optimizer,
+            model_state_dict=model_state,
+            optim_state_dict=optimizer_state,
+        )
+        trainer = load_torch_file(directory / TRAINER_STATE)
+        problem = identity_mismatch(trainer.get("checkpoint"), manifest.identity)
+        if problem is not None:
+            raise DamagedCheckpoint(directory, TRAINER_STATE, problem)
+        return restore_trainer_state(owner, trainer)
+
+    def full_state(self, directory: Path, manifest: Manifest) -> dict[str, torch.Tensor]:
+        """The ``model`` entry, read in this process alone (``no_dist``: inside a job, ``dcp.load``
+        would otherwise run collectives that the other ranks never join)."""
+        metadata = check_metadata_identity(directory, manifest.identity)
+        state: dict[str, Any] = {
+            key.removeprefix("model."): torch.empty(item.size, dtype=item.properties.dtype)
+            for key, item in metadata.state_dict_metadata.items()
+            if key.startswith("model.") and isinstance(item, TensorStorageMetadata)
+        }
+        if not state:
+            raise CheckpointError(f"{directory} is a distributed checkpoint without 'model'")
+        with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
+            warnings.filterwarnings("ignore", "torch.distributed is disabled")
+            load_dcp({"model": state}, directory, no_dist=True)
+        return state
+
+
+def check_metadata_identity(directory: Path, identity: Identity) -> Any:
+    """DCP's metadata of ``directory`` (read through the allow-list), refused as damaged when
+    it carries another identity than ``identity``."""
+    try:
+        metadata = SafeReader(directory).read_metadata()
+    except Exception as error:  # unreadable, truncated, not a pickle, a refused global
+        raise CheckpointError(f"cannot read {directory / DCP_METADATA} ({reason(error)})") from None
+    problem = identity_mismatch(_identity_of(metadata), identity)
+    if problem is not None:
+        raise DamagedCheckpoint(directory, DCP_METADATA, problem)
+    return metadata
+
+
+def _identity_of(metadata: Any) -> Any:
+    save_id = getattr(getattr(metadata, "storage_meta", None), "save_id", None)
+    try:
+        return json.loads(save_id) if isinstance(save_id, str) else None
+    except ValueError:
+        return None
+
+
+class _HashingFileSystem(FileSystem):
+    """DCP's file system, recording each file it writes (by name) while writing it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: dict[str, FileRecord] = {}
+
+    @contextlib.contextmanager
+    def create_stream(self, path: Any, mode: str) -> Iterator[Any]:
+        with super().create_stream(path, mode) as stream:
+            if "w" not in mode:
+                yield stream
+                return
+            hashing = HashingFile(stream)  # type: ignore[arg-type]
+            yield hashing
+        self.records[Path(path).name] = hashing.record()
+
+    def rename(self, path: Any, new_path: Any) -> None:
+        super().rename(path, new_path)
+        if Path(path).name in self.records:  # .metadata is written as .metadata.tmp first
+            self.records[Path(new_path).name] = self.records.pop(Path(path).name)
+
+
+class _HashingWriter(FileSystemWriter):
+    """DCP's writer through :class:`_HashingFileSystem`, its metadata carrying ``identity``."""
+
+    def __init__(self, directory: Path, identity: Identity) -> None:
+        super().__init__(directory)
+        self.fs: _HashingFileSystem = _HashingFileSystem()
+        self.identity = identity
+
+    def storage_meta(self) -> StorageMeta | None:
+        save_id = json.dumps(self.identity.as_dict(), sort_keys=True)
+        return StorageMeta(checkpoint_id=self.checkpoint_id, save_id=save_id)

@@ -1,0 +1,276 @@
+"""The checkpoint directory protocol, in pure Python: names, the typed manifest, verification,
+listing, committing and pruning.
+
+    checkpoints/run_id                 the run's id, made once: a run keeps it across resumes
+    checkpoints/step0000100/           a complete checkpoint; the newest ``keep`` are kept
+        manifest.json                  written last: format, identity, each file's size and digest
+    checkpoints/.partial-step0000200/  being written; never read, removed on the next start
+    checkpoints/latest                 the name of the newest complete checkpoint
+
+A ``.partial-`` directory is renamed to ``stepN`` once its manifest is written, so a ``stepN``
+directory is complete; its files are trusted once they match the manifest (:func:`check_file`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+
+from .manifest import (
+    MANIFEST,
+    FileRecord,
+    HashingFile,
+    Identity,
+    Manifest,
+    file_record,
+    write_file,
+)
+
+__all__ = [
+    "HF_FILES",
+    "LATEST",
+    "MANIFEST",
+    "PARTIAL_PREFIX",
+    "CheckpointError",
+    "DamagedCheckpoint",
+    "FileRecord",
+    "HashingFile",
+    "Identity",
+    "Manifest",
+    "NoManifest",
+    "check_file",
+    "checkpoint_dir",
+    "clear_partials",
+    "commit",
+    "complete_checkpoints",
+    "file_record",
+    "find_checkpoint",
+    "partial_dir",
+    "read_manifest",
+    "run_id",
+    "share",
+    "step_name",
+    "step_of",
+    "write_file",
+    "write_manifest",
+]
+
+#: Prefix of a checkpoint still being written.
+PARTIAL_PREFIX = ".partial-"
+#: The file naming the newest complete checkpoint.
+LATEST = "latest"
+#: The file holding the run's id, beside the checkpoints.
+RUN_ID = "run_id"
+#: A checkpoint's subdirectory holding the model's config and tokenizer.
+HF_FILES = "hf"
+#: torch::train's link to its newest checkpoint, in its work dir.
+TORCH_TRAIN_LATEST = "checkpoint_state_latest"
+WHERE = "give a checkpoint (.../checkpoints/stepN), its checkpoints/ directory or the work dir"
+_STEP = re.compile(r"step(\d{7,})")
+
+
+class CheckpointError(ValueError):
+    """A directory that is not a complete, trustworthy checkpoint (the message is one line)."""
+
+
+class NoManifest(CheckpointError):
+    """A checkpoint without a manifest: written before checkpoints carried one."""
+
+
+class DamagedCheckpoint(CheckpointError):
+    """A checkpoint whose file ``file`` does not match its manifest (``problem``: missing, its
+    size, its digest, another checkpoint's identity). Resuming falls back to an earlier one."""
+
+    def __init__(self, directory: Path, file: str, problem: str) -> None:
+        super().__init__(f"{directory} is damaged ({file}: {problem})")
+        self.directory, self.file, self.problem = Path(directory), file, problem
+
+    def __reduce__(self) -> tuple:  # crosses processes in a gather
+        return (type(self), (self.directory, self.file, self.problem))
+
+    @property
+    def detail(self) -> str:
+        return f"{self.file}: {self.problem}"
+
+
+# --- names ------------------------------------------------------------------------------------
+
+
+def step_name(step: int) -> str:
+    """The name of step ``step``'s checkpoint directory: ``step0000100``."""
+    return f"step{step:07d}"
+
+
+def step_of(name: str) -> int | None:
+    """The step a checkpoint directory's name holds (``None``: not a ``stepN`` name)."""
+    match = _STEP.fullmatch(name)
+    return int(match.group(1)) if match else None
+
+
+def partial_dir(checkpoints: Path, step: int) -> Path:
+    """Where step ``step``'s checkpoint is written before :func:`commit`."""
+    return checkpoints / f"{PARTIAL_PREFIX}{step_name(step)}"
+
+
+# --- writing and reading a manifest ------------------------------------------------------------
+
+
+def write_manifest(directory: Path, manifest: Manifest) -> None:
+    """Write ``manifest`` into ``directory`` (atomically; after every file it lists)."""
+    temporary = directory / f"{MANIFEST}.tmp"
+    temporary.write_text(manifest.to_json())
+    os.replace(temporary, directory / MANIFEST)
+
+
+def read_manifest(directory: Path) -> Manifest:
+    """The manifest of checkpoint ``directory``, checked against its own digest and the step its
+    name holds. Raises :class:`NoManifest` or :class:`DamagedCheckpoint` (one line)."""
+    path = Path(directory) / MANIFEST
+    if not path.is_file():
+        raise NoManifest(
+            f"{directory} has no {MANIFEST}: it was written before tango_fairscale checksummed "
+            "its checkpoints, so its files cannot be verified"
+        )
+    try:
+        manifest = Manifest.from_json(path.read_bytes().decode())
+    except (ValueError, UnicodeDecodeError) as error:
+        raise DamagedCheckpoint(directory, MANIFEST, str(error)) from None
+    step = step_of(Path(directory).name)
+    if step is not None and step != manifest.identity.step:
+        raise DamagedCheckpoint(directory, MANIFEST, f"of {manifest.identity}, not of step {step}")
+    return manifest
+
+
+def check_file(directory: Path, name: str, expected: FileRecord) -> str | None:
+    """What is wrong with file ``name`` of ``directory`` against its record (``None``: nothing).
+    Reads the whole file."""
+    path = directory / name
+    if not path.is_file():
+        return "missing"
+    size = path.stat().st_size
+    if size != expected.size:
+        return f"{size} bytes, {expected.size} in the manifest"
+    if file_record(path).sha256 != expected.sha256:
+        return "checksum mismatch"
+    return None
+
+
+def share(files: dict[str, FileRecord], rank: int, world_size: int) -> list[str]:
+    """The files that rank ``rank`` of ``world_size`` verifies: each file goes to the rank with
+    the fewest bytes so far, largest first (the same split on every rank)."""
+    loads = [0] * world_size
+    mine = []
+    for name in sorted(files, key=lambda name: (-files[name].size, name)):
+        least = loads.index(min(loads))
+        loads[least] += files[name].size
+        if least == rank:
+            mine.append(name)
+    return mine
+
+
+# --- a run's checkpoints ----------------------------------------------------------------------
+
+
+def complete_checkpoints(checkpoints: Path) -> list[Path]:
+    """The complete checkpoints in ``checkpoints`` (``stepN`` directories), newest first."""
+    if not checkpoints.is_dir():
+        return []
+    found = {path: step_of(path.name) for path in checkpoints.iterdir() if path.is_dir()}
+    steps = {path: step for path, step in found.items() if step is not None}
+    return sorted(steps, key=steps.__getitem__, reverse=True)
+
+
+def commit(partial: Path, keep: int) -> Path:
+    """Make the fully written ``partial`` checkpoint complete: rename it to its ``stepN`` name
+    (replacing one of that name: after a fallback), name it in ``latest`` and delete all but the
+    newest ``keep`` complete checkpoints."""
+    checkpoints = partial.parent
+    final = checkpoints / partial.name.removeprefix(PARTIAL_PREFIX)
+    if final.exists():
+        _discard(final)
+    os.replace(partial, final)
+    temporary = checkpoints / f"{LATEST}.tmp"
+    temporary.write_text(final.name)
+    os.replace(temporary, checkpoints / LATEST)
+    for old in complete_checkpoints(checkpoints)[keep:]:
+        _discard(old)
+    return final
+
+
+def _discard(directory: Path) -> None:
+    """Delete a complete checkpoint, renamed out of the listing first: a crash midway leaves a
+    ``.partial-`` directory (removed on the next start), never a half-deleted ``stepN``."""
+    doomed = directory.with_name(f"{PARTIAL_PREFIX}discarded-{directory.name}")
+    if doomed.exists():
+        shutil.rmtree(doomed)
+    os.replace(directory, doomed)
+    shutil.rmtree(doomed)
+
+
+def clear_partials(checkpoints: Path) -> None:
+    """Remove the checkpoints that a stopped run left half-written."""
+    for partial in checkpoints.glob(f"{PARTIAL_PREFIX}*"):
+        shutil.rmtree(partial)
+
+
+def run_id(directory: Path) -> str:
+    """The id of the run whose checkpoints live in ``directory``: made by whoever asks first
+    (atomically: every process gets the same one) and kept there, so a run keeps it across
+    resumes and copies of its checkpoints."""
+    path = Path(directory) / RUN_ID
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f".{RUN_ID}.{uuid.uuid4().hex}")
+        temporary.write_text(uuid.uuid4().hex[:16])
+        try:
+            os.link(temporary, path)  # fails if another process made it first
+        except FileExistsError:
+            pass
+        finally:
+            temporary.unlink()
+    return path.read_text().strip()
+
+
+# --- naming a checkpoint (export) ---------------------------------------------------------------
+
+
+def find_checkpoint(path: Path) -> Path:
+    """The complete checkpoint directory that ``path`` names: ``path`` itself, the one its
+    ``latest`` names (``path`` a ``checkpoints/`` directory or a work dir holding one), or
+    torch::train's ``checkpoint_state_latest`` in a work dir."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"{path} is not a directory; {WHERE}")
+    for latest in (path / "checkpoints" / LATEST, path / LATEST):
+        if latest.is_file():
+            return checkpoint_dir(latest.parent / latest.read_text().strip())
+    if (path / TORCH_TRAIN_LATEST).exists():
+        return checkpoint_dir((path / TORCH_TRAIN_LATEST).resolve())
+    if (path / "checkpoints").is_dir():
+        raise CheckpointError(
+            f"{path / 'checkpoints'} holds no complete checkpoint yet (no '{LATEST}'); export it "
+            "once the run has written one"
+        )
+    return checkpoint_dir(path)
+
+
+def checkpoint_dir(directory: Path) -> Path:
+    """``directory`` if it is a complete checkpoint (it holds a manifest); one line otherwise."""
+    if directory.name.startswith(PARTIAL_PREFIX):
+        raise CheckpointError(
+            f"{directory} is a partial checkpoint (its run stopped while writing it); export "
+            f"the complete one that {directory.parent / LATEST} names"
+        )
+    if not directory.is_dir():
+        raise CheckpointError(f"{directory} does not exist; {WHERE}")
+    if (directory / MANIFEST).is_file() or _looks_like_a_checkpoint(directory.iterdir()):
+        return directory  # without a manifest: refused by read_manifest, in one line
+    raise CheckpointError(f"{directory} holds no checkpoint (no {MANIFEST}); {WHERE}")
+
+
+def _looks_like_a_checkpoint(paths: Iterable[Path]) -> bool:
+    return any(re.fullmatch(r"rank\d+\.pt|\.metadata|.*\.distcp", p.name) for p in paths)

@@ -1,0 +1,149 @@
+"""A checkpoint's manifest, in pure Python: the identity its files carry, each file's size and
+SHA-256 digest (recorded while the file is written), and their JSON form."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any, BinaryIO
+
+#: The file listing a checkpoint's other files, written last.
+MANIFEST = "manifest.json"
+#: The manifest's layout (a reader refuses another).
+MANIFEST_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What every file of one checkpoint carries: the run (kept across resumes), the step, and
+    the number of processes that wrote it."""
+
+    run_id: str
+    step: int
+    world_size: int
+
+    def __str__(self) -> str:
+        processes = "process" if self.world_size == 1 else "processes"
+        return f"step {self.step} of run {self.run_id} on {self.world_size} {processes}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Identity:
+        """Raises ``ValueError`` unless ``data`` is an identity's :meth:`as_dict`."""
+        fields = {"run_id": str, "step": int, "world_size": int}
+        if not isinstance(data, dict) or data.keys() != fields.keys():
+            raise ValueError(f"not a checkpoint identity: {str(data)[:100]}")
+        if not all(type(data[key]) is kind for key, kind in fields.items()):
+            raise ValueError(f"not a checkpoint identity: {str(data)[:100]}")
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    """A file's size in bytes and SHA-256 digest (hex)."""
+
+    size: int
+    sha256: str
+
+
+class HashingFile:
+    """A binary file being written that records the size and digest of what passes through
+    (hand it to ``torch.save``, ``pickle.dump``, ...)."""
+
+    def __init__(self, file: BinaryIO) -> None:
+        self._file, self._hash, self._size = file, hashlib.sha256(), 0
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        self._hash.update(view)
+        self._size += view.nbytes
+        return self._file.write(view)
+
+    def tell(self) -> int:
+        return self._file.tell()
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def fileno(self) -> int:
+        return self._file.fileno()
+
+    def close(self) -> None:
+        self._file.close()
+
+    def record(self) -> FileRecord:
+        return FileRecord(self._size, self._hash.hexdigest())
+
+    def __repr__(self) -> str:
+        return f"<HashingFile {self._file.name!r}>"
+
+
+def write_file(path: Path, write: Callable[[HashingFile], object]) -> FileRecord:
+    """Create ``path`` with what ``write`` writes into the file it is given; its record."""
+    with open(path, "wb") as file:
+        hashing = HashingFile(file)
+        write(hashing)
+    return hashing.record()
+
+
+def file_record(path: Path) -> FileRecord:
+    """The record of an existing file (read whole)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        while chunk := file.read(1 << 22):
+            digest.update(chunk)
+    return FileRecord(path.stat().st_size, digest.hexdigest())
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A checkpoint's table of contents: the :mod:`format <tango_fairscale.parallel.
+    checkpoint_format>` that reads it, its identity, and each file (a relative POSIX path) with
+    its record. Its JSON carries a digest of itself."""
+
+    format: str
+    identity: Identity
+    files: dict[str, FileRecord]
+
+    def to_json(self) -> str:
+        body: dict[str, Any] = {
+            "version": MANIFEST_VERSION,
+            "format": self.format,
+            "identity": self.identity.as_dict(),
+            "files": {name: asdict(record) for name, record in sorted(self.files.items())},
+        }
+        body["digest"] = _digest(body)
+        return json.dumps(body, indent=1) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> Manifest:
+        """Raises ``ValueError`` (a short reason) for anything but :meth:`to_json`'s output."""
+        try:
+            body = json.loads(text)
+        except ValueError:
+            raise ValueError("not JSON") from None
+        if not isinstance(body, dict) or body.pop("digest", None) != _digest(body):
+            raise ValueError("its content does not match its digest")
+        if body.get("version") != MANIFEST_VERSION or not isinstance(body.get("format"), str):
+            raise ValueError(f"version {body.get('version')!r}; this tango_fairscale reads 1")
+        try:
+            files = {name: _record(name, record) for name, record in body["files"].items()}
+            return cls(body["format"], Identity.from_dict(body["identity"]), files)
+        except (KeyError, TypeError, AttributeError) as error:
+            raise ValueError(f"malformed ({type(error).__name__}: {error})") from None
+
+
+def _record(name: str, record: dict[str, Any]) -> FileRecord:
+    posix = PurePosixPath(name)
+    if posix.is_absolute() or ".." in posix.parts:
+        raise ValueError(f"it lists {name!r}, outside the checkpoint")
+    return FileRecord(int(record["size"]), str(record["sha256"]))
+
+
+def _digest(body: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
