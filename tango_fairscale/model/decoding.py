@@ -1,0 +1,98 @@
+"""Decoding with a key/value cache: the next-token logits of a causal LM as Hugging Face's
+``generate`` computes them, and what a model's generation config may set for them to be exact.
+
+:meth:`~tango_fairscale.model.causal_lm.ModelWrapper.forward` runs :func:`next_token_logits` when
+given ``past_key_values``, so that decoding goes through an engine's wrapped model (FSDP's
+forward gathers the parameters) like scoring does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from tango.common.exceptions import ConfigurationError
+
+#: Generation-config fields that add a logits processor to greedy decoding in ``generate``,
+#: with the value at which they add none. The package's decoding applies none of them.
+GREEDY_NEUTRAL = {
+    "repetition_penalty": 1.0,
+    "encoder_repetition_penalty": 1.0,
+    "no_repeat_ngram_size": 0,
+    "bad_words_ids": None,
+    "min_length": 0,
+    "min_new_tokens": 0,
+    "forced_bos_token_id": None,
+    "forced_eos_token_id": None,
+    "suppress_tokens": None,
+    "begin_suppress_tokens": None,
+    "sequence_bias": None,
+    "exponential_decay_length_penalty": None,
+    "guidance_scale": 1.0,
+    "renormalize_logits": False,
+}
+
+
+def new_cache(model: Any) -> Any:
+    """An empty key/value cache for the Hugging Face model ``model`` (its sliding or hybrid
+    layers as its config says)."""
+    from transformers import DynamicCache
+
+    return DynamicCache(config=model.config)
+
+
+def next_token_logits(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    cache: Any,
+) -> dict[str, torch.Tensor]:
+    """``{"logits": (B, V) float32}``: the model's own logits (its transforms included) at the
+    last position of each row of ``input_ids``, which follow the tokens held by ``cache``
+    (updated in place); ``attention_mask`` covers the cached and the new tokens, 0 on padding."""
+    kwargs: dict[str, Any] = {}
+    if "logits_to_keep" in _forward_parameters(model):
+        kwargs["logits_to_keep"] = 1
+    outputs = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        past_key_values=cache,
+        use_cache=True,
+        **kwargs,
+    )
+    return {"logits": outputs.logits[:, -1].float()}
+
+
+def _forward_parameters(model: Any) -> Any:
+    import inspect
+
+    parameters = getattr(model, "_tango_fairscale_forward_parameters", None)
+    if parameters is None:
+        parameters = set(inspect.signature(model.forward).parameters)
+        model._tango_fairscale_forward_parameters = parameters
+    return parameters
+
+
+def eos_token_ids(model: Any) -> set[int]:
+    """The token ids that end a sequence in ``generate``: the generation config's
+    ``eos_token_id`` (an id or a list), none when it has none."""
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    if eos is None:
+        return set()
+    return {int(token) for token in (eos if isinstance(eos, (list, tuple)) else [eos])}
+
+
+def check_generation_config(model: Any, name: str) -> None:
+    """Refuse, in one line, a model whose generation config changes greedy decoding in ways the
+    package does not reproduce (a repetition penalty, banned or forced tokens, ...)."""
+    config = model.generation_config
+    for field, neutral in GREEDY_NEUTRAL.items():
+        value = getattr(config, field, neutral)
+        if value is not None and value != neutral:
+            raise ConfigurationError(
+                f"model {name!r}: its generation_config sets {field}={value!r}, which the "
+                f"package's decoding does not apply; set it to {neutral!r} in "
+                "generation_config.json to generate"
+            )
