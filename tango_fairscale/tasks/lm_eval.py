@@ -23,12 +23,13 @@ from .. import compat  # noqa: F401  (Tango fixes)
 from ..checks import did_you_mean, one_line, positive_int
 from ..compat.lm_eval import compile_templates_once
 from ..records.fingerprint import local_fingerprint
+from .generation import check_generation_task
 from .local_files import dataset_files, yaml_files
 
 logger = logging.getLogger(__name__)
 
-#: The output types the package scores (log-likelihoods); ``generate_until`` tasks are refused.
-SCORED_OUTPUT_TYPES = ("multiple_choice", "loglikelihood", "loglikelihood_rolling")
+#: The output types the package answers: log-likelihoods, and text generated until a stop.
+OUTPUT_TYPES = ("multiple_choice", "loglikelihood", "loglikelihood_rolling", "generate_until")
 
 #: lm-eval's default few-shot seed (``simple_evaluate``'s ``fewshot_random_seed``).
 DEFAULT_FEWSHOT_SEED = 1234
@@ -154,7 +155,8 @@ class TaskSpec(FromParams, CustomDetHash):
 def load_tasks(spec: TaskSpec) -> TaskDict:
     """lm-eval's tasks for ``spec`` (a group's leaves too), with its few-shot settings applied as
     ``lm_eval.simple_evaluate`` applies them. Raises one-line ``ConfigurationError`` s for an
-    unknown name (with the closest), a task that generates text, a dataset that cannot be
+    unknown name (with the closest), a task that runs generated code or asks for generation
+    settings the package does not decode with (:mod:`~.generation`), a dataset that cannot be
     reached offline, a task YAML that does not parse."""
     compile_templates_once()
     manager, item = _source(spec)
@@ -171,6 +173,7 @@ def load_tasks(spec: TaskSpec) -> TaskDict:
         raise ConfigurationError(f"task {spec.label!r}: {one_line(error, 300)}") from None
     for name, task in loaded["tasks"].items():
         _check_output_type(name, task.get_config("output_type") or "generate_until")
+        check_generation_task(name, task)
         if spec.num_fewshot is not None:
             if task.get_config("num_fewshot") != 0:  # lm-eval keeps a YAML's explicit 0
                 task.set_config(key="num_fewshot", value=spec.num_fewshot)
@@ -213,6 +216,7 @@ def _source(spec: TaskSpec) -> tuple[Any, Any]:
             return _full_task_manager(), spec.name
         config = load_yaml(Path(yaml_path), resolve_func=True)
     _check_output_type(spec.label, config.get("output_type", "generate_until"))
+    check_generation_task(spec.label, None, config)
     if spec.data_dir is not None:
         files = _data_files(spec.data_dir, spec.label)
         config.update(dataset_path="json", dataset_name=None)
@@ -245,10 +249,10 @@ def _keep_splits(config: dict[str, Any], present: list[str], task: str) -> None:
 
 
 def _check_output_type(task: str, output_type: str) -> None:
-    if output_type not in SCORED_OUTPUT_TYPES:
+    if output_type not in OUTPUT_TYPES:
         raise ConfigurationError(
-            f"task {task!r} has output_type {output_type!r}: the package scores log-likelihoods "
-            f"({', '.join(SCORED_OUTPUT_TYPES)}) and does not generate text; choose another task"
+            f"task {task!r} has output_type {output_type!r}; the package answers "
+            f"{', '.join(OUTPUT_TYPES)}: choose another task"
         )
 
 

@@ -17,6 +17,7 @@ from tango.common import Lazy
 from tango.common.exceptions import ConfigurationError
 from tango.integrations.torch import Model, TrainCallback, TrainConfig, TrainingEngine
 
+from ..evaluation.call import GenerationSettings
 from ..model.causal_lm import packing_refusal
 from ..parallel.engine import Engine
 from ..runtime.process_group import join_process_group, leave_process_group, spawned_store
@@ -51,6 +52,8 @@ class TrainPlan:
     workspace: Any = None
     #: The summary key handed to callbacks as ``val_metric`` (higher is better).
     val_metric: str | None = None
+    #: How validation tasks that generate text decode (part of the step's cache key).
+    generation: GenerationSettings = field(default_factory=GenerationSettings)
 
     @property
     def checkpoints(self) -> Path:

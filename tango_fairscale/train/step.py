@@ -14,6 +14,7 @@ from tango.step import StepResources
 from .. import compat  # noqa: F401  (Tango fixes)
 from ..checks import boolean, one_of, positive_int, positive_ints
 from ..data.schedules import BatchSchedule
+from ..evaluation.call import GenerationSettings
 from ..model.causal_lm import ModelWrapper
 from ..model.fingerprint import FingerprintedLazy
 from ..parallel.safe_load import load_torch_file
@@ -71,6 +72,9 @@ class TrainStep(Step[ModelWrapper]):
         batch 64: 1.92x in a third of the memory). ``null``: packed where the engine's model
         takes packed batches (``ModelWrapper.supports_packing``; never under the ``pipe``
         engine), else padded; ``true`` is refused where it does not.
+    :param max_gen_toks: for validation tasks that generate text (``generate_until``) and set no
+        ``max_gen_toks`` of their own, the most tokens generated (lm-eval's default, 256).
+    :param generation_seed: seeds sampling, for validation tasks that sample.
 
     Returns the trained model (fp32 weights, whatever the checkpoint and precision: a
     ``bf16-true`` run's bf16 values, upcast exactly); its ``training_log`` holds the logged loss
@@ -141,6 +145,8 @@ class TrainStep(Step[ModelWrapper]):
         preemption_signal: str = "SIGTERM",
         collective_timeout_s: int = 600,
         pack_sequences: bool | None = False,
+        max_gen_toks: int = GenerationSettings.max_gen_toks,
+        generation_seed: int = GenerationSettings.seed,
     ) -> ModelWrapper:
         positive_ints(
             {
@@ -158,6 +164,7 @@ class TrainStep(Step[ModelWrapper]):
         if pack_sequences is not None:
             boolean("pack_sequences", pack_sequences)
         one_of("preemption_signal", preemption_signal, PREEMPTION_SIGNALS)
+        generation = GenerationSettings(max_gen_toks, generation_seed)
         pairs = [
             pair
             for name, loaded in load_tasks(task)["tasks"].items()
@@ -200,6 +207,7 @@ class TrainStep(Step[ModelWrapper]):
                 list(callbacks or []),
                 self.workspace,
                 val_metric,
+                generation,
             )
         )
 

@@ -1,0 +1,73 @@
+"""Generation prompts and answers as lm-evaluation-harness's HF backend makes them: a prompt's
+tokens (``tok_batch_encode``), when a generated row stops (its ``stop_sequences_criteria``) and the
+answer's text (decoded without special tokens, cut at the first stop sequence)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from .queries import _encode
+
+
+def prompt_tokens(
+    tokenizer: Any, contexts: Sequence[str], max_prompt_length: int
+) -> list[list[int]]:
+    """Each context's tokens, the last ``max_prompt_length`` of them (left truncation): with the
+    tokenizer's own special tokens, except for a context that starts with the BOS token's text.
+
+    lm-eval decides the special tokens of a whole batch by its first context; here each context
+    decides for itself, which is the same whenever a batch's contexts agree (they all start with
+    BOS, as chat-templated prompts do, or none does)."""
+    bos = getattr(tokenizer, "bos_token", None)
+    plain = [bos is not None and context.startswith(bos) for context in contexts]
+    result: list[list[int]] = [[] for _ in contexts]
+    for flag in (False, True):
+        indices = [i for i, value in enumerate(plain) if value is flag]
+        encoded = _encode([contexts[i] for i in indices], tokenizer, not flag)
+        for index, ids in zip(indices, encoded, strict=True):
+            result[index] = list(ids[-max_prompt_length:]) if max_prompt_length > 0 else []
+    for context, ids in zip(contexts, result, strict=True):
+        if not ids:
+            raise ValueError(f"generation prompt {context[:60]!r} encodes to no tokens")
+    return result
+
+
+class StopSequences:
+    """lm-eval's ``MultiTokenEOSCriteria`` for each text of ``until``, row by row: a row stops
+    once a text appears in the decoded last ``n + 2`` of its generated tokens (``n``: the text's
+    own token count), special tokens decoded too."""
+
+    def __init__(self, tokenizer: Any, until: Sequence[str]) -> None:
+        self.tokenizer = tokenizer
+        self.by_width: dict[int, list[str]] = defaultdict(list)
+        for text in until:
+            width = len(tokenizer.encode(text, add_special_tokens=False)) + 2
+            self.by_width[width].append(text)
+
+    def stopped(self, rows: Sequence[Sequence[int]]) -> list[bool]:
+        """Whether each row of generated tokens has met a stop sequence at its last token."""
+        result = [False] * len(rows)
+        if not rows:
+            return result
+        for width, texts in self.by_width.items():
+            windows = self.tokenizer.batch_decode([list(row[-width:]) for row in rows])
+            for index, window in enumerate(windows):
+                result[index] = result[index] or any(text in window for text in texts)
+        return result
+
+
+def answer_text(tokenizer: Any, tokens: Sequence[int], until: Sequence[str]) -> str:
+    """A generated row's answer, as lm-eval's HF backend returns it: decoded without special
+    tokens, cut before the first occurrence of any non-empty stop sequence."""
+    from lm_eval.models.utils import postprocess_generated_text
+
+    text = tokenizer.decode(list(tokens), skip_special_tokens=True)
+    return str(postprocess_generated_text(generation=text, stop=list(until), think_end_token=None))
+
+
+def eos_text(tokenizer: Any) -> str | None:
+    """The end-of-text token's text, the stop sequence lm-eval adds to every request."""
+    eos = tokenizer.eos_token_id
+    return None if eos is None else str(tokenizer.decode(eos, skip_special_tokens=False))
