@@ -37,25 +37,56 @@ def prompt_tokens(
 class StopSequences:
     """lm-eval's ``MultiTokenEOSCriteria`` for each text of ``until``, row by row: a row stops
     once a text appears in the decoded last ``n + 2`` of its generated tokens (``n``: the text's
-    own token count), special tokens decoded too."""
+    own token count), special tokens decoded too.
+
+    Each row's widest window is decoded first, and only rows where a stop text shows in it are
+    decoded window by window: a text within a narrower window also shows in the wider one (a
+    narrower window can only lose a leading space or cut a character into U+FFFD, which no stop
+    text holds; one that does turns this shortcut off)."""
 
     def __init__(self, tokenizer: Any, until: Sequence[str]) -> None:
-        self.tokenizer = tokenizer
+        self.decode = batch_decoder(tokenizer)
+        self.texts = list(until)
         self.by_width: dict[int, list[str]] = defaultdict(list)
         for text in until:
             width = len(tokenizer.encode(text, add_special_tokens=False)) + 2
             self.by_width[width].append(text)
+        self.widest = max(self.by_width, default=0)
+        self.shortcut = not any("\ufffd" in text for text in until)
 
     def stopped(self, rows: Sequence[Sequence[int]]) -> list[bool]:
         """Whether each row of generated tokens has met a stop sequence at its last token."""
         result = [False] * len(rows)
-        if not rows:
+        candidates = list(range(len(rows)))
+        if self.shortcut and candidates:
+            windows = self.decode([list(row[-self.widest :]) for row in rows])
+            candidates = [i for i, window in enumerate(windows) if self._any_text(window)]
+        if not candidates:
             return result
         for width, texts in self.by_width.items():
-            windows = self.tokenizer.batch_decode([list(row[-width:]) for row in rows])
-            for index, window in enumerate(windows):
+            windows = self.decode([list(rows[i][-width:]) for i in candidates])
+            for index, window in zip(candidates, windows, strict=True):
                 result[index] = result[index] or any(text in window for text in texts)
         return result
+
+    def _any_text(self, window: str) -> bool:
+        return any(text in window for text in self.texts)
+
+
+def batch_decoder(tokenizer: Any) -> Any:
+    """``tokenizer.batch_decode`` (special tokens kept), straight from a fast tokenizer's Rust
+    backend where that gives the same texts (no clean-up of spaces, the base ``_decode``)."""
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    same = (
+        isinstance(tokenizer, TokenizersBackend)
+        and type(tokenizer)._decode is TokenizersBackend._decode
+        and not tokenizer.clean_up_tokenization_spaces
+    )
+    if backend is not None and same:
+        return lambda rows: backend.decode_batch(rows, skip_special_tokens=False)
+    return lambda rows: tokenizer.batch_decode(rows)
 
 
 def answer_text(tokenizer: Any, tokens: Sequence[int], until: Sequence[str]) -> str:

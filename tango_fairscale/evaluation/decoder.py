@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from transformers import StaticCache
 
 from ..data.prompts import StopSequences
-from ..model.decoding import new_cache
+from ..model.decoding import keep_rows, new_cache
 from ..tasks.generation import Decoding
 from .call import ModelCall, agree_max
 
@@ -47,12 +48,16 @@ class _Batch:
             mask[i, width - len(row.prompt) :] = 1
         self.call, self.rows, self.width = call, rows, width
         self.mask = mask.to(device)
-        positions = (self.mask[:, :width].cumsum(-1) - 1).masked_fill(self.mask[:, :width] == 0, 0)
-        self.cache = new_cache(call.model.model)
+        self.cache = new_cache(call.model.model, width + max_gen_toks)
+        # A preallocated cache attends every slot (later ones masked by causality): the whole
+        # mask; a growing one attends the tokens so far.
+        self.whole_mask = isinstance(self.cache, StaticCache)
+        prompt_mask = self.mask[:, :width]
+        positions = (prompt_mask.cumsum(-1) - 1).masked_fill(prompt_mask == 0, 0)
         self.logits = call(
             {
                 "input_ids": ids.to(device),
-                "attention_mask": self.mask[:, :width],
+                "attention_mask": self._mask(width),
                 "position_ids": positions,
                 "past_key_values": self.cache,
             }
@@ -60,14 +65,16 @@ class _Batch:
         self.positions = positions[:, -1]
         self.steps = 0  # tokens chosen so far
 
+    def _mask(self, tokens: int) -> torch.Tensor:
+        return self.mask if self.whole_mask else self.mask[:, :tokens]
+
     def advance(self, chosen: torch.Tensor) -> None:
         """Feed the chosen tokens: the logits of the next ones."""
         self.positions = self.positions + 1
-        fed = self.width + self.steps
         self.logits = self.call(
             {
                 "input_ids": chosen[:, None],
-                "attention_mask": self.mask[:, :fed],
+                "attention_mask": self._mask(self.width + self.steps),
                 "position_ids": self.positions[:, None],
                 "past_key_values": self.cache,
             }
@@ -76,7 +83,7 @@ class _Batch:
     def keep(self, live: list[int]) -> None:
         """Only the rows at ``live`` go on (the cache copied once: when half have stopped)."""
         index = torch.tensor(live, device=self.call.device)
-        self.cache.batch_select_indices(index)
+        keep_rows(self.cache, index)
         self.logits, self.mask, self.positions = (
             self.logits[index],
             self.mask[index],

@@ -33,12 +33,35 @@ GREEDY_NEUTRAL = {
 }
 
 
-def new_cache(model: Any) -> Any:
-    """An empty key/value cache for the Hugging Face model ``model`` (its sliding or hybrid
-    layers as its config says)."""
-    from transformers import DynamicCache
+def new_cache(model: Any, max_cache_len: int | None = None) -> Any:
+    """An empty key/value cache for the Hugging Face model ``model``: preallocated for
+    ``max_cache_len`` tokens (written in place: no copy of the cache per token) where the model
+    takes a static cache and every layer attends all earlier tokens, else one that grows (its
+    sliding or hybrid layers as its config says)."""
+    from transformers import DynamicCache, StaticCache
 
+    if max_cache_len is not None and takes_static_cache(model):
+        return StaticCache(config=model.config, max_cache_len=max_cache_len)
     return DynamicCache(config=model.config)
+
+
+def takes_static_cache(model: Any) -> bool:
+    """Whether ``model`` decodes with a preallocated cache: ``generate`` compiles it with one,
+    and no layer attends a window or keeps a recurrent state."""
+    config = model.config.get_text_config()
+    layer_types = getattr(config, "layer_types", None) or ["full_attention"]
+    full = all(kind == "full_attention" for kind in layer_types)
+    windowed = getattr(config, "sliding_window", None) is not None
+    return bool(getattr(model, "_can_compile_fullgraph", False)) and full and not windowed
+
+
+def keep_rows(cache: Any, index: torch.Tensor) -> None:
+    """Keep only the rows ``index`` of ``cache``, in place (its beam-search reordering, which
+    selects rows of every layer)."""
+    cache.reorder_cache(index)
+    for layer in cache.layers:
+        if hasattr(layer, "batch_size"):
+            layer.batch_size = len(index)
 
 
 def next_token_logits(

@@ -45,6 +45,8 @@ class Engine(TrainingEngine):
     sharded = False
     #: Whether a checkpoint written by N processes loads on another number of processes.
     reshards_checkpoints = True
+    #: Why this engine cannot generate text (``generate_until`` tasks); ``None``: it can.
+    generation_refusal: str | None = None
 
     def __init__(
         self,

@@ -76,7 +76,7 @@ def decoding_of(task: str, gen_kwargs: Any, default_max_gen_toks: int) -> Decodi
     kwargs = normalize_gen_kwargs(dict(gen_kwargs), default_max_gen_toks)
     do_sample = bool(kwargs.get("do_sample"))
     temperature = kwargs.get("temperature")
-    if do_sample and not (temperature is None or float(temperature) > 0):
+    if do_sample and not (temperature is not None and float(temperature) > 0):
         raise ConfigurationError(
             f"task {task!r}: do_sample with temperature {temperature!r}; sampling needs a "
             "temperature above 0 (or set do_sample to false for greedy decoding)"
@@ -101,6 +101,18 @@ def check_window(task: str, decoding: Decoding, max_length: int) -> None:
             f"window of {max_length} tokens; lower max_gen_toks (the task's generation_kwargs, "
             "or the step's max_gen_toks for tasks that set none)"
         )
+
+
+def refuse_code_execution(name: str, yaml_path: Any) -> None:
+    """Refuse a task YAML (its includes followed) that sets ``unsafe_code``, read without
+    importing its ``!function`` modules (humaneval's import a code-execution metric)."""
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    try:
+        config = load_yaml(yaml_path, resolve_func=False)
+    except Exception:  # noqa: BLE001 - a YAML that does not load is refused by its loader
+        return
+    check_generation_task(name, None, {"output_type": None, **config})
 
 
 def check_generation_task(name: str, task: Any, config: dict[str, Any] | None = None) -> None:

@@ -23,7 +23,7 @@ from .. import compat  # noqa: F401  (Tango fixes)
 from ..checks import did_you_mean, one_line, positive_int
 from ..compat.lm_eval import compile_templates_once
 from ..records.fingerprint import local_fingerprint
-from .generation import check_generation_task
+from .generation import check_generation_task, refuse_code_execution
 from .local_files import dataset_files, yaml_files
 
 logger = logging.getLogger(__name__)
@@ -195,6 +195,7 @@ def _source(spec: TaskSpec) -> tuple[Any, Any]:
         path = Path(spec.yaml).expanduser()
         if not path.is_file():
             raise ConfigurationError(f"task YAML {spec.yaml!r} does not exist")
+        refuse_code_execution(spec.label, path)
         try:
             config = load_yaml(path.resolve(), resolve_func=True)
         except Exception as error:  # yaml's errors, a missing include, a bad !function
@@ -214,6 +215,7 @@ def _source(spec: TaskSpec) -> tuple[Any, Any]:
                     "to its tasks one by one"
                 )
             return _full_task_manager(), spec.name
+        refuse_code_execution(spec.name, yaml_path)
         config = load_yaml(Path(yaml_path), resolve_func=True)
     _check_output_type(spec.label, config.get("output_type", "generate_until"))
     check_generation_task(spec.label, None, config)

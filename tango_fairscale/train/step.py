@@ -8,6 +8,7 @@ from typing import Any
 
 from tango import Format, Step
 from tango.common import Lazy, Registrable
+from tango.common.exceptions import ConfigurationError
 from tango.integrations.torch import Model, TrainCallback, TrainConfig, TrainingEngine
 from tango.step import StepResources
 
@@ -172,7 +173,7 @@ class TrainStep(Step[ModelWrapper]):
         ]
         validation = [task] if validate_tasks is None else list(validate_tasks)
         for spec in validation:  # refused here, before any process starts, when they cannot load
-            load_tasks(spec)
+            refuse_generation(engine, load_tasks(spec))
         # Fails here, not in a worker, when the batch does not split evenly.
         BatchSchedule(len(pairs), batch_size, seed, device_count, 0, grad_accum)
         devices = job_devices(device_count)
@@ -218,6 +219,21 @@ class TrainStep(Step[ModelWrapper]):
         trained.training_log = read_training_log(self.work_dir / TRAINING_LOG)
         trained.origin = ("tango_fairscale::train", self.unique_id)  # no longer its base model
         return trained
+
+
+def refuse_generation(engine: Lazy[TrainingEngine], loaded: dict) -> None:
+    """Refuse a validation task that generates text under an engine that cannot generate."""
+    generating = [n for n, t in loaded["tasks"].items() if t.OUTPUT_TYPE == "generate_until"]
+    name = engine._params.get("type")
+    if not generating or not isinstance(name, str):
+        return
+    try:
+        engine_class = TrainingEngine.resolve_class_name(name)[0]
+    except ConfigurationError:  # an unknown engine is refused where it is built
+        return
+    refusal = getattr(engine_class, "generation_refusal", None)
+    if refusal is not None:
+        raise ConfigurationError(f"validation task {generating[0]!r}: {refusal}")
 
 
 def component_modules(*components: Lazy) -> tuple[str, ...]:
