@@ -8,6 +8,7 @@ from typing import Any
 
 from tango.common.exceptions import ConfigurationError
 
+from ..data.chat import check_chat_template
 from ..model.decoding import check_generation_config
 from ..tasks.generation import check_window, decoding_of
 from ..tasks.lm_eval import TaskDict, TaskSpec, load_tasks
@@ -39,12 +40,15 @@ class Evaluator:
         self.generation = generation or GenerationSettings()
         self.lm = ScorerLM(call, self.options, self.generation)
 
-    def check(self, loaded: TaskDict) -> None:
-        """Refuse in one line, before any work, generation tasks this model call cannot run: an
-        engine that does not generate (pipe), a model whose generation config changes greedy
-        decoding, a ``max_gen_toks`` that leaves no room for a prompt in the model's window.
-        (Unknown ``gen_kwargs`` keys and code execution are refused when tasks load.)"""
+    def check(self, spec: TaskSpec, loaded: TaskDict) -> None:
+        """Refuse in one line, before any work, what this model call cannot run: a chat template
+        the tokenizer lacks; for generation tasks an engine that does not generate (pipe), a
+        model whose generation config changes greedy decoding, a ``max_gen_toks`` that leaves no
+        room for a prompt in the model's window. (Unknown ``gen_kwargs`` keys and code execution
+        are refused when tasks load.)"""
         model = self.call.model
+        if spec.apply_chat_template:
+            check_chat_template(model.tokenizer, spec.label)
         for name, task in loaded["tasks"].items():
             if getattr(task, "OUTPUT_TYPE", None) != "generate_until":
                 continue
@@ -62,5 +66,5 @@ class Evaluator:
         """lm-eval's results JSON of ``spec`` and its samples
         (:func:`~.harness.evaluate_task`); ``loaded``: its tasks, already loaded."""
         loaded = load_tasks(spec) if loaded is None else loaded
-        self.check(loaded)
+        self.check(spec, loaded)
         return evaluate_task(self.lm, spec, loaded, bootstrap_iters)

@@ -15,6 +15,7 @@ import torch
 from lm_eval.api.model import LM
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
+from ..data.chat import apply_chat_template
 from ..data.queries import Query, encode_pairs, prefix_token_id, token_ids
 from .call import EvalOptions, GenerationSettings, ModelCall
 from .generation import generate_on_all_ranks
@@ -72,6 +73,16 @@ class ScorerLM(LM):
         if disable_tqdm:
             options = dataclasses.replace(options, progress=False)
         return generate_on_all_ranks(self.call, requests, options, self.generation)
+
+    @property
+    def tokenizer_name(self) -> str:
+        """lm-eval's name of the tokenizer (its request cache's key)."""
+        return str(self.tokenizer.name_or_path).replace("/", "__")
+
+    def apply_chat_template(
+        self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True
+    ) -> str:
+        return apply_chat_template(self.tokenizer, chat_history, add_generation_prompt)
 
     def _score(self, queries: list[Query], disable_tqdm: bool) -> list[tuple[float, bool]]:
         started = time.perf_counter()

@@ -107,7 +107,7 @@ class TaskScoresStep(Step[dict]):
             dataclasses.replace(options, packed=pack_sequences),
             generation,
         )
-        evaluator.check(loaded)
+        evaluator.check(task, loaded)
         # fp32 weights whatever the model holds; scoring_precision casts for bf16-true.
         model = model.to(device=device, dtype=torch.float32).eval()
         with scoring_precision(model, resolved):

@@ -20,7 +20,7 @@ from tango.common.det_hash import CustomDetHash
 from tango.common.exceptions import ConfigurationError
 
 from .. import compat  # noqa: F401  (Tango fixes)
-from ..checks import did_you_mean, one_line, positive_int
+from ..checks import boolean, did_you_mean, one_line, positive_int
 from ..compat.lm_eval import compile_templates_once
 from ..records.fingerprint import local_fingerprint
 from .generation import check_generation_task, refuse_code_execution
@@ -33,6 +33,10 @@ OUTPUT_TYPES = ("multiple_choice", "loglikelihood", "loglikelihood_rolling", "ge
 
 #: lm-eval's default few-shot seed (``simple_evaluate``'s ``fewshot_random_seed``).
 DEFAULT_FEWSHOT_SEED = 1234
+
+#: TaskSpec fields in its hash only when set: the keys of specs that leave them unset stay as
+#: they were before the fields existed.
+KEYED_WHEN_SET = ("apply_chat_template", "system_instruction", "fewshot_as_multiturn")
 
 TaskDict = dict[str, Any]  # lm-eval's {"tasks": {name: Task}, "groups": ..., "group_map": ...}
 
@@ -64,6 +68,11 @@ class TaskSpec(FromParams, CustomDetHash):
     :param num_fewshot: few-shot examples per context (``null``: the task's own default, else 0).
     :param fewshot_seed: seeds the choice of few-shot examples (lm-eval's default 1234).
     :param limit: score only the first ``limit`` documents (``null``: all).
+    :param apply_chat_template: prompts in the tokenizer's chat template (lm-eval's
+        ``--apply_chat_template``), few-shot examples as turns unless ``fewshot_as_multiturn``
+        is false.
+    :param system_instruction: a system prompt (lm-eval's ``--system_instruction``): a system
+        turn in a chat template, else text before the prompt.
 
     Example (Jsonnet)::
 
@@ -83,6 +92,9 @@ class TaskSpec(FromParams, CustomDetHash):
     num_fewshot: int | None = None
     fewshot_seed: int = DEFAULT_FEWSHOT_SEED
     limit: int | None = None
+    apply_chat_template: bool = False
+    system_instruction: str | None = None
+    fewshot_as_multiturn: bool = True
 
     def __post_init__(self) -> None:
         given = [field for field in ("name", "yaml", "config") if getattr(self, field) is not None]
@@ -101,6 +113,12 @@ class TaskSpec(FromParams, CustomDetHash):
                 f"num_fewshot must be 0, a positive integer or null, got {self.num_fewshot!r}"
             )
         positive_int("limit", self.limit, optional=True)
+        boolean("apply_chat_template", self.apply_chat_template)
+        boolean("fewshot_as_multiturn", self.fewshot_as_multiturn)
+        if self.system_instruction is not None and not isinstance(self.system_instruction, str):
+            raise ConfigurationError(
+                f"system_instruction must be a text, got {self.system_instruction!r}"
+            )
         if self.config is not None and not isinstance(self.config, dict):
             raise ConfigurationError(f"a task 'config' must be an object, got {self.config!r}")
 
@@ -119,7 +137,11 @@ class TaskSpec(FromParams, CustomDetHash):
         return super().from_params(params_, *args, **kwargs)
 
     def det_hash_object(self) -> Any:
-        fields = tuple((f.name, getattr(self, f.name)) for f in dataclasses.fields(self))
+        fields = tuple(
+            (f.name, getattr(self, f.name))
+            for f in dataclasses.fields(self)
+            if f.name not in KEYED_WHEN_SET or getattr(self, f.name) != f.default
+        )
         return (fields, local_fingerprint(self.local_files()))
 
     def local_files(self) -> list[Path]:

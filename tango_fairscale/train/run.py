@@ -60,8 +60,8 @@ class TrainingRun:
         )
         self.validation = [(spec, load_tasks(spec)) for spec in plan.validate_tasks]
         self.evaluator = evaluator(engine, plan)
-        for _, loaded in self.validation:  # generation this engine or model cannot do: now
-            self.evaluator.check(loaded)
+        for spec, loaded in self.validation:  # what this engine or model cannot do: now
+            self.evaluator.check(spec, loaded)
         self.callbacks = Callbacks(
             plan.callbacks,
             workspace=plan.workspace,

@@ -166,6 +166,11 @@ class TrainStep(Step[ModelWrapper]):
             boolean("pack_sequences", pack_sequences)
         one_of("preemption_signal", preemption_signal, PREEMPTION_SIGNALS)
         generation = GenerationSettings(max_gen_toks, generation_seed)
+        if task.apply_chat_template or task.system_instruction is not None:
+            raise ConfigurationError(
+                "the training task's examples are formatted without a chat template or system "
+                "instruction: set apply_chat_template / system_instruction on validate_tasks only"
+            )
         pairs = [
             pair
             for name, loaded in load_tasks(task)["tasks"].items()

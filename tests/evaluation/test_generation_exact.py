@@ -132,3 +132,72 @@ def test_every_generation_format_equals_lm_eval(
     peaked_dir: Any, tmp_path: Path, family: str, shots: int
 ) -> None:
     check_suite(peaked_dir(family), tmp_path, GENERATION_TASKS, shots, None)
+
+
+#: A ChatML-like template that starts with the BOS text (as Llama 3's does), system role allowed.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def with_chat_template(source: Path, directory: Path) -> Path:
+    """A copy of the model at ``source`` whose tokenizer has :data:`CHAT_TEMPLATE`."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    shutil.copytree(source, directory)
+    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.mark.slow
+def test_chat_template_and_system_instruction_equal_lm_eval(
+    peaked_dir: Any, tmp_path: Path
+) -> None:
+    """lm-eval's ``apply_chat_template`` (few-shot examples as turns) and ``system_instruction``:
+    the same chat-formatted requests, generated texts (gsm8k) and log-likelihoods (arc_easy)."""
+    import lm_eval
+
+    model_dir = with_chat_template(peaked_dir("gpt2"), tmp_path / "chat")
+    system = "You answer in one line. Réponds brièvement."
+    configs = [
+        task_config("gsm8k", generation_kwargs=generation_kwargs("gsm8k", MAX_GEN_TOKS)),
+        task_config("arc_easy"),
+    ]
+    with lm_eval_as_released():
+        expected = lm_eval.simple_evaluate(
+            model="hf",
+            model_args=f"pretrained={model_dir},dtype=float32,logits_cache=False",
+            tasks=configs,
+            task_manager=task_manager(),
+            num_fewshot=2,
+            limit=4,
+            device="cpu",
+            batch_size=1,
+            log_samples=True,
+            apply_chat_template=True,
+            system_instruction=system,
+            fewshot_as_multiturn=True,
+        )
+    model = ModelWrapper(str(model_dir))
+    for config in configs:
+        name = config["task"]
+        spec = TaskSpec(config=config, num_fewshot=2, limit=4, apply_chat_template=True,
+                        system_instruction=system)  # fmt: skip
+        got = TaskScoresStep().run(model=model, task=spec, batch_size=16)
+        theirs = {(s["doc_id"], s["filter"]): s for s in expected["samples"][name]}
+        for sample in got["samples"][name]:
+            want = theirs[(sample["doc_id"], sample["filter"])]
+            assert sample["arguments"] == [list(a) for a in want["arguments"]]
+            assert sample["arguments"][0][0].startswith("<|endoftext|><|im_start|>system\n")
+            if name == "gsm8k":
+                assert sample["resps"] == want["resps"]
+            else:
+                for (have,), (wanted,) in zip(sample["resps"], want["resps"], strict=True):
+                    assert have[0] == pytest.approx(wanted[0], abs=1e-4)
+                    assert have[1] == wanted[1]
+            assert {m: sample[m] for m in want["metrics"]} == {m: want[m] for m in want["metrics"]}

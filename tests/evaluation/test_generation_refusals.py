@@ -149,3 +149,28 @@ def test_the_pipe_engine_refuses_generation_before_training(tmp_path: Path) -> N
             batch_size=8,
         )
     one_line(error.value, "validation task 'tiny_generation'", "the pipe engine does not generate")
+
+
+def test_a_chat_template_the_tokenizer_lacks_is_refused(
+    short_model: ModelWrapper, tmp_path: Path, no_generation: None
+) -> None:
+    spec = task(tmp_path)
+    spec.apply_chat_template = True
+    with pytest.raises(ConfigurationError) as error:
+        score(short_model, spec)
+    one_line(error.value, "asks for apply_chat_template", "has no chat template")
+
+
+def test_the_training_task_takes_no_chat_template(tmp_path: Path) -> None:
+    model = Lazy(Model, Params({"type": "tango_fairscale::causal_lm", "model": "never-loaded"}))
+    engine = Lazy(TrainingEngine, Params({"type": "tango_fairscale::ddp"}))
+    piqa = Path(__file__).parents[1] / "fixtures/tasks/piqa"
+    with pytest.raises(ConfigurationError) as error:
+        TrainStep(step_name="refusals").run(
+            model=model,
+            engine=engine,
+            task=TaskSpec(name="piqa", data_dir=str(piqa), apply_chat_template=True),
+            train_steps=1,
+            batch_size=8,
+        )
+    one_line(error.value, "set apply_chat_template / system_instruction on validate_tasks only")
