@@ -163,7 +163,8 @@ def describe(results: dict) -> list[str]:
                 continue
             stderr = metrics.get(f"{metric}_stderr,{filter_name}")
             spread = f" ± {stderr:.4f}" if isinstance(stderr, (int, float)) else ""
-            shown.append(f"{metric} {value:.4f}{spread}")
+            label = metric if filter_name == "none" else f"{metric} ({filter_name})"
+            shown.append(f"{label} {value:.4f}{spread}")
         count = results.get("n-samples", {}).get(task, {}).get("effective")
         suffix = f" ({count} examples)" if count is not None else ""
         lines.append(f"{task}: {', '.join(shown)}{suffix}")

@@ -20,7 +20,7 @@ from tango.common.det_hash import CustomDetHash
 from tango.common.exceptions import ConfigurationError
 
 from .. import compat  # noqa: F401  (Tango fixes)
-from ..checks import boolean, did_you_mean, one_line, positive_int
+from ..checks import boolean, did_you_mean, one_line, positive_int, text
 from ..compat.lm_eval import compile_templates_once
 from ..records.fingerprint import local_fingerprint
 from .generation import check_generation_task, refuse_code_execution
@@ -69,10 +69,8 @@ class TaskSpec(FromParams, CustomDetHash):
     :param fewshot_seed: seeds the choice of few-shot examples (lm-eval's default 1234).
     :param limit: score only the first ``limit`` documents (``null``: all).
     :param apply_chat_template: prompts in the tokenizer's chat template (lm-eval's
-        ``--apply_chat_template``), few-shot examples as turns unless ``fewshot_as_multiturn``
-        is false.
-    :param system_instruction: a system prompt (lm-eval's ``--system_instruction``): a system
-        turn in a chat template, else text before the prompt.
+        ``--apply_chat_template``), few-shot examples as turns unless ``fewshot_as_multiturn``.
+    :param system_instruction: a system prompt (lm-eval's ``--system_instruction``).
 
     Example (Jsonnet)::
 
@@ -115,10 +113,7 @@ class TaskSpec(FromParams, CustomDetHash):
         positive_int("limit", self.limit, optional=True)
         boolean("apply_chat_template", self.apply_chat_template)
         boolean("fewshot_as_multiturn", self.fewshot_as_multiturn)
-        if self.system_instruction is not None and not isinstance(self.system_instruction, str):
-            raise ConfigurationError(
-                f"system_instruction must be a text, got {self.system_instruction!r}"
-            )
+        text("system_instruction", self.system_instruction, optional=True)
         if self.config is not None and not isinstance(self.config, dict):
             raise ConfigurationError(f"a task 'config' must be an object, got {self.config!r}")
 
