@@ -15,7 +15,7 @@ import torch
 from tango.common import Tqdm
 
 from ..data.prompts import StopSequences, answer_text, eos_text, prompt_tokens
-from ..model.decoding import check_generation_config, eos_token_ids
+from ..model.decoding import cache_bytes_per_token, check_generation_config, eos_token_ids
 from ..runtime.process_group import rank_and_world_size
 from ..tasks.generation import SAMPLING_KEYS, Decoding, check_window, decoding_of
 from .call import EvalOptions, GenerationSettings, ModelCall, agree_max, gather_objects
@@ -79,27 +79,86 @@ def generate_on_all_ranks(
     """lm-eval's answers to ``requests`` (its ``Instance`` s, ``args`` = ``(context,
     gen_kwargs)``), in their order. Call on every rank with the same requests: rank ``r`` of
     ``W`` decodes every ``W``-th prompt of each ``gen_kwargs`` group, longest first, in batches
-    of at most ``options.batch_size``; the answers are gathered to every rank."""
+    of at most ``options.batch_size`` prompts (:func:`batches_of`); the answers are gathered to
+    every rank."""
     decodings = request_decodings(call, requests, settings)
+    batches = my_batches(call, requests, decodings, options, settings)
+    started = time.perf_counter()
+    answers, generated = _decode_all(call, batches, decodings, options)
+    parts = gather_objects((answers, generated))
+    _log_rate(len(requests), sum(count for _, count in parts), time.perf_counter() - started)
+    merged = {index: text for part, _ in parts for index, text in part.items()}
+    return [merged[index] for index in range(len(requests))]
+
+
+def my_batches(
+    call: ModelCall,
+    requests: Sequence[Any],
+    decodings: Sequence[Decoding],
+    options: EvalOptions,
+    settings: GenerationSettings,
+) -> list[tuple[Decoding, list[Row]]]:
+    """This rank's share of the requests as batches: prompts encoded and left-truncated to the
+    window less ``max_gen_toks``, longest first within each decoding, every ``W``-th for rank
+    ``r`` of ``W``."""
     model = call.model
     rank, world_size = rank_and_world_size()
+    budget = cache_token_budget(call)
     batches: list[tuple[Decoding, list[Row]]] = []
     for decoding, indices in _groups(decodings).items():
         contexts = [requests[i].args[0] for i in indices]
         prompts = prompt_tokens(model.tokenizer, contexts, model.max_length - decoding.max_gen_toks)
         order = sorted(range(len(indices)), key=lambda k: (-len(prompts[k]), indices[k]))
-        mine = order[rank::world_size]
         rows = [
             Row(indices[k], prompts[k], _generator(decoding, settings.seed + indices[k], call))
-            for k in mine
+            for k in order[rank::world_size]
         ]
-        for start in range(0, len(rows), options.batch_size):
-            batches.append((decoding, rows[start : start + options.batch_size]))
+        for batch in batches_of(rows, options.batch_size, budget, decoding.max_gen_toks):
+            batches.append((decoding, batch))
+    return batches
+
+
+def batches_of(
+    rows: list[Row], batch_size: int, token_budget: int | None, max_gen_toks: int
+) -> list[list[Row]]:
+    """``rows`` (longest prompt first) cut into batches of at most ``batch_size`` rows whose
+    cache, ``rows x (longest prompt + max_gen_toks)`` tokens, fits ``token_budget``."""
+    batches: list[list[Row]] = []
+    for row in rows:
+        width = (len(batches[-1][0].prompt) if batches else 0) + max_gen_toks
+        full = not batches or len(batches[-1]) >= batch_size
+        if not full and token_budget is not None:
+            full = (len(batches[-1]) + 1) * width > token_budget
+        if full:
+            batches.append([row])
+        else:
+            batches[-1].append(row)
+    return batches
+
+
+def cache_token_budget(call: ModelCall) -> int | None:
+    """On a GPU, the tokens whose key/value cache fills half the free memory (counted at 4
+    bytes a value); ``None`` (no limit) elsewhere."""
+    if call.device.type != "cuda":
+        return None
+    free, _ = torch.cuda.mem_get_info(call.device)
+    return max(1, int(free * 0.5) // cache_bytes_per_token(call.model.model, 4))
+
+
+def _decode_all(
+    call: ModelCall,
+    batches: list[tuple[Decoding, list[Row]]],
+    decodings: Sequence[Decoding],
+    options: EvalOptions,
+) -> tuple[dict[int, str], int]:
+    """Decode this rank's batches in step with the other ranks' (as many slots on each, a rank
+    out of batches idling): the answers by request index, and the tokens generated."""
+    model = call.model
+    rank, world_size = rank_and_world_size()
     slots = agree_max(len(batches), call.device)
     eos_ids = eos_token_ids(model.model)
     answers: dict[int, str] = {}
-    started = time.perf_counter()
-    generated = 0
+    started, generated = time.perf_counter(), 0
     shown = options.progress and rank == 0
     bar = Tqdm.tqdm(
         total=sum(len(rows) for _, rows in batches), desc="Generating", disable=not shown
@@ -115,10 +174,7 @@ def generate_on_all_ranks(
             seconds = time.perf_counter() - started
             bar.set_postfix({"tok/s": f"{generated * world_size / max(seconds, 1e-9):,.0f}"})
     bar.close()
-    parts = gather_objects((answers, generated))
-    _log_rate(len(requests), sum(count for _, count in parts), time.perf_counter() - started)
-    merged = {index: text for part, _ in parts for index, text in part.items()}
-    return [merged[index] for index in range(len(requests))]
+    return answers, generated
 
 
 def _groups(decodings: Sequence[Decoding]) -> dict[Decoding, list[int]]:

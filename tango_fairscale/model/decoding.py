@@ -55,6 +55,19 @@ def takes_static_cache(model: Any) -> bool:
     return bool(getattr(model, "_can_compile_fullgraph", False)) and full and not windowed
 
 
+def cache_bytes_per_token(model: Any, value_bytes: int) -> int:
+    """The bytes one token's keys and values take in the cache of every layer of ``model``."""
+    config = model.config.get_text_config()
+
+    def field(*names: str) -> int:
+        return next((int(v) for n in names if (v := getattr(config, n, None)) is not None), 0)
+
+    heads = field("num_attention_heads", "n_head") or 1
+    head_dim = field("head_dim") or field("hidden_size", "n_embd") // heads
+    layers, kv_heads = field("num_hidden_layers", "n_layer"), field("num_key_value_heads") or heads
+    return layers * 2 * kv_heads * head_dim * value_bytes
+
+
 def keep_rows(cache: Any, index: torch.Tensor) -> None:
     """Keep only the rows ``index`` of ``cache``, in place (its beam-search reordering, which
     selects rows of every layer)."""

@@ -72,3 +72,15 @@ def test_the_generation_settings_are_in_the_cache_key(model: ModelWrapper) -> No
     assert key(max_gen_toks=64) != key(max_gen_toks=32)
     assert key(generation_seed=1) != key(generation_seed=2)
     assert key(batch_size=8) == key(batch_size=64)  # a speed setting
+
+
+def test_batches_hold_at_most_batch_size_rows_and_the_cache_budget() -> None:
+    from tango_fairscale.evaluation.decoder import Row
+    from tango_fairscale.evaluation.generation import batches_of
+
+    rows = [Row(i, [0] * length) for i, length in enumerate([90, 80, 50, 40, 30, 20, 10, 5])]
+    sizes = [[len(r.prompt) for r in b] for b in batches_of(rows, 3, None, 10)]
+    assert sizes == [[90, 80, 50], [40, 30, 20], [10, 5]]
+    # rows x (the first, longest prompt + 10) <= 250 tokens: 2 x 100, 4 x 60, 2 x 20.
+    sizes = [[len(r.prompt) for r in b] for b in batches_of(rows, 8, 250, 10)]
+    assert sizes == [[90, 80], [50, 40, 30, 20], [10, 5]]
