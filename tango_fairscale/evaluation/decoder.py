@@ -17,7 +17,7 @@ import torch
 from transformers import StaticCache
 
 from ..data.prompts import StopSequences
-from ..model.decoding import keep_rows, new_cache
+from ..model.decoding import EXPLICIT_MASKS, explicit_mask, keep_rows, new_cache
 from ..tasks.generation import Decoding
 from .call import ModelCall, agree_max
 
@@ -49,15 +49,17 @@ class _Batch:
         self.call, self.rows, self.width = call, rows, width
         self.mask = mask.to(device)
         self.cache = new_cache(call.model.model, width + max_gen_toks)
-        # A preallocated cache attends every slot (later ones masked by causality): the whole
-        # mask; a growing one attends the tokens so far.
+        # A preallocated cache holds every slot (later ones masked by causality): masks over all
+        # of it, built here where the model takes them; a growing one: the tokens so far.
         self.whole_mask = isinstance(self.cache, StaticCache)
+        implementation = call.model.model.config._attn_implementation
+        self.implementation = implementation if implementation in EXPLICIT_MASKS else None
         prompt_mask = self.mask[:, :width]
         positions = (prompt_mask.cumsum(-1) - 1).masked_fill(prompt_mask == 0, 0)
         self.logits = call(
             {
                 "input_ids": ids.to(device),
-                "attention_mask": self._mask(width),
+                "attention_mask": self._mask(width, width),
                 "position_ids": positions,
                 "past_key_values": self.cache,
             }
@@ -65,8 +67,13 @@ class _Batch:
         self.positions = positions[:, -1]
         self.steps = 0  # tokens chosen so far
 
-    def _mask(self, tokens: int) -> torch.Tensor:
-        return self.mask if self.whole_mask else self.mask[:, :tokens]
+    def _mask(self, tokens: int, queries: int) -> Any:
+        """The attention mask of ``queries`` new tokens, ``tokens`` in all."""
+        if not self.whole_mask:
+            return self.mask[:, :tokens]
+        if self.implementation is None:
+            return self.mask
+        return explicit_mask(self.mask, queries, tokens - queries, self.implementation)
 
     def advance(self, chosen: torch.Tensor) -> None:
         """Feed the chosen tokens: the logits of the next ones."""
@@ -74,7 +81,7 @@ class _Batch:
         self.logits = self.call(
             {
                 "input_ids": chosen[:, None],
-                "attention_mask": self._mask(self.width + self.steps),
+                "attention_mask": self._mask(self.width + self.steps, 1),
                 "position_ids": self.positions[:, None],
                 "past_key_values": self.cache,
             }

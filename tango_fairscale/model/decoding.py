@@ -55,6 +55,26 @@ def takes_static_cache(model: Any) -> bool:
     return bool(getattr(model, "_can_compile_fullgraph", False)) and full and not windowed
 
 
+#: Attention implementations that take the explicit (B, 1, Q, K) masks built here.
+EXPLICIT_MASKS = ("sdpa", "eager")
+
+
+def explicit_mask(padding: torch.Tensor, queries: int, cached: int, implementation: str) -> Any:
+    """The ``(B, 1, queries, K)`` mask of ``queries`` new tokens after ``cached`` tokens over a
+    preallocated cache of ``K`` slots: a slot is seen where ``padding`` (``(B, K)``, 0 on
+    padding) has it and it is not after the query's own slot. Given to the model instead of
+    ``padding``, it spares transformers' own mask building, which reads the device on the host
+    once per forward (whether the mask can be left out)."""
+    slots = torch.arange(padding.shape[1], device=padding.device)
+    own = torch.arange(cached, cached + queries, device=padding.device)
+    mask = (padding.bool()[:, None, :] & (slots[None, :] <= own[:, None])[None])[:, None]
+    if implementation == "eager":  # an additive mask there
+        return torch.zeros(mask.shape, device=mask.device).masked_fill_(
+            ~mask, torch.finfo(torch.float32).min
+        )
+    return mask
+
+
 def cache_bytes_per_token(model: Any, value_bytes: int) -> int:
     """The bytes one token's keys and values take in the cache of every layer of ``model``."""
     config = model.config.get_text_config()
