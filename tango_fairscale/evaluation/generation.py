@@ -6,6 +6,7 @@ first decoded with a key/value cache (:mod:`~.decoder`), the answers gathered to
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Iterator, Sequence
@@ -13,6 +14,7 @@ from typing import Any
 
 import torch
 from tango.common import Tqdm
+from tango.common.exceptions import ConfigurationError
 
 from ..data.prompts import StopSequences, answer_text, eos_text, prompt_tokens
 from ..model.decoding import cache_bytes_per_token, check_generation_config, eos_token_ids
@@ -31,8 +33,6 @@ def request_decodings(
     ending with the EOS text as lm-eval adds it; refused in one line (before any work): an engine
     that cannot generate, a model whose generation config changes greedy decoding, an unknown
     ``gen_kwargs`` key, a ``max_gen_toks`` beyond the model's window."""
-    from tango.common.exceptions import ConfigurationError
-
     model = call.model
     if requests and call.generation_refusal is not None:
         raise ConfigurationError(call.generation_refusal)
@@ -57,8 +57,6 @@ def _completed(decoding: Decoding, gen_kwargs: dict, model: Any, eos: str | None
     """``decoding`` with the EOS text among its stop sequences and, when sampling, the sampling
     settings the task leaves out taken from the model's generation config (as ``generate``
     merges them)."""
-    import dataclasses
-
     until = list(decoding.until)
     if eos is not None and eos not in until:
         until.append(eos)
