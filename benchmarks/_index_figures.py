@@ -122,6 +122,16 @@ def lm_eval_speed_figure(data: dict[str, Any]) -> str:
     return "; ".join(parts) or "no comparison measured"
 
 
+def generation_speed_figure(data: dict[str, Any]) -> str:
+    ratio = data.get("ratios")
+    if not ratio:
+        return "no same-run comparison"
+    return (
+        f"generation {ratio['generation_throughput']:.1f}x lm-eval's tokens/s "
+        f"(`{ratio['package']}` vs `{ratio['lm_eval']}`), command {ratio['command']:.1f}x faster"
+    )
+
+
 def torch_train_speed_figure(data: dict[str, Any]) -> str:
     rates = {r["step"]: r.get("tokens_per_s") for r in data.get("runs", [])}
     ratio = data.get("ratio_ours_to_torch_train")
@@ -138,6 +148,7 @@ FIGURES = {
     "max_model": max_model_figure,
     "multinode": multinode_figure,
     "lm_eval_speed": lm_eval_speed_figure,
+    "generation_speed": generation_speed_figure,
     "torch_train_speed": torch_train_speed_figure,
 }
 

@@ -30,6 +30,7 @@
 #@ pipe | 2 | 300 | pipe engine over two GPUs against one: throughput, memory per device, the bubble
 #@ multinode | 2 | 540 | two torchrun "nodes" end bit-identical to the single-node run (fsdp2, hybrid_shard, fairscale)
 #@ lm-eval | 1 | 400 | the package's scoring >= 10x lm-eval's HF backend (requests/s), whole commands, PIQA and >= 50k synthetic requests
+#@ generation | 1 | 420 | the package's generate_until >= 3x lm-eval's HF backend (generated tokens/s, bf16), GSM8K-shaped: 2,000 prompts x 256 new tokens; whole commands
 #@ torch-train | 1 | 200 | Tango's torch::train with the fsdp2 engine (bf16-mixed) next to tango_fairscale::train: tokens/s
 # Groups: train-synthetic = train-synthetic-124m train-synthetic-1.5b.
 set -u -o pipefail
@@ -182,6 +183,12 @@ suite_pipe() {  # one process, the stages on every visible GPU, against ddp-bf16
 suite_lm_eval() {  # lm_eval_speed.json: requests/s and command seconds of each tool and setting
   step "$BUDGET" "$PY" benchmarks/lm_eval_speed.py "${TINY[@]}" --piqa "$PIQA" --tokenizer "$TOK" \
     --timeout-s 150 --budget-s $(( BUDGET - 25 )) --out "$DIR/lm_eval_speed.json"
+  [ "$DRY_RUN" = 1 ] || grep '^{' "$DIR/log.txt" | tee -a "$LOG"
+}
+
+suite_generation() {  # generation_speed.json: generated tokens/s and command seconds of each tool
+  step "$BUDGET" "$PY" benchmarks/generation_speed.py "${TINY[@]}" --tokenizer "$TOK" \
+    --timeout-s 240 --budget-s $(( BUDGET - 25 )) --out "$DIR/generation_speed.json"
   [ "$DRY_RUN" = 1 ] || grep '^{' "$DIR/log.txt" | tee -a "$LOG"
 }
 

@@ -64,6 +64,14 @@ def boolean(name: str, value: Any) -> bool:
     return value
 
 
+def text(name: str, value: Any, *, optional: bool = False) -> Any:
+    """``value`` if it is a string (or ``None`` when ``optional``)."""
+    if (optional and value is None) or isinstance(value, str):
+        return value
+    alternative = " or null" if optional else ""
+    raise ConfigurationError(f"{name} must be a text{alternative}, got {value!r}")
+
+
 def one_of(name: str, value: Any, choices: Iterable[str]) -> str:
     """``value`` if it is one of ``choices``; else the choices and the closest one."""
     choices = list(choices)

@@ -49,6 +49,9 @@ def evaluate_task(
             bootstrap_iters=bootstrap_iters,
             log_samples=True,
             verbosity="WARNING",
+            system_instruction=spec.system_instruction,
+            apply_chat_template=spec.apply_chat_template,
+            fewshot_as_multiturn=spec.fewshot_as_multiturn and spec.apply_chat_template,
         )
     except (ValueError, AssertionError) as error:  # raised while building the requests
         message = one_line(error)

@@ -1,9 +1,11 @@
-"""The package's scorer as an lm-evaluation-harness ``LM``: lm-eval builds the requests and computes
-the metrics; the log-likelihoods come from the package's batched, packed, sharded scoring."""
+"""The package's model as an lm-evaluation-harness ``LM``: lm-eval builds the requests and computes
+the metrics; the log-likelihoods come from the package's batched, packed, sharded scoring, the
+generated texts from its batched decoding."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Iterator, Sequence
@@ -12,52 +14,48 @@ from typing import Any
 import torch
 from lm_eval.api.model import LM
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
-from tango.common.exceptions import ConfigurationError
 
+from ..data.chat import apply_chat_template
 from ..data.queries import Query, encode_pairs, prefix_token_id, token_ids
-from .scoring import Forward, score_on_all_ranks
+from .call import EvalOptions, GenerationSettings, ModelCall
+from .generation import generate_on_all_ranks
+from .scoring import score_on_all_ranks
 
 logger = logging.getLogger(__name__)
 
 
 class ScorerLM(LM):
-    """lm-eval's ``LM`` over a model forward (a ``ModelWrapper``, or an engine's ``forward_eval``).
+    """lm-eval's ``LM`` over a :class:`~tango_fairscale.evaluation.call.ModelCall` (built by
+    :class:`~tango_fairscale.evaluation.evaluator.Evaluator`).
 
     ``loglikelihood`` encodes the requests as lm-eval's HF backend does
     (:mod:`tango_fairscale.data.queries`) and scores them in length-sorted batches of at most
-    ``batch_size`` queries and ``max_batch_tokens`` tokens, ``packed`` when the forward takes
-    packed batches (choices that share a context share it). Inside a process group, lm-eval runs
-    on every rank as if alone (every rank builds every request, so few-shot sampling does not
-    depend on the world size), each rank scores a slice of the requests and every rank gets all
-    answers (:func:`~tango_fairscale.evaluation.scoring.score_on_all_ranks`): call it on every
-    rank. ``loglikelihood_rolling`` scores lm-eval's disjoint windows the same way;
-    ``generate_until`` is refused (the tasks are checked before any scoring). A continuation
-    longer than the model's window is scored on its last ``max_length`` tokens (lm-eval's HF
-    backend refuses it): each ``loglikelihood`` call warns once with how many, and
+    ``options.batch_size`` queries and ``options.max_batch_tokens`` tokens, packed
+    (``options.packed``) when the model takes packed batches (choices that share a context share
+    it). Inside a process group, lm-eval runs on every rank as if alone (every rank builds every
+    request, so few-shot sampling does not depend on the world size), each rank answers a share
+    of the requests and every rank gets all answers
+    (:func:`~tango_fairscale.evaluation.scoring.score_on_all_ranks`): call it on every rank.
+    ``loglikelihood_rolling`` scores lm-eval's disjoint windows the same way; ``generate_until``
+    decodes as lm-eval's HF backend does
+    (:func:`~tango_fairscale.evaluation.generation.generate_on_all_ranks`, with ``generation``).
+    A continuation longer than the model's window is scored on its last ``max_length`` tokens
+    (lm-eval's HF backend refuses it): each ``loglikelihood`` call warns once with how many, and
     ``truncated_continuations`` counts them all.
     """
 
     def __init__(
         self,
-        forward: Forward,
-        tokenizer: Any,
-        *,
-        max_length: int,
-        device: torch.device,
-        batch_size: int,
-        max_batch_tokens: int | None = None,
-        packed: bool = False,
-        progress: bool = True,
+        call: ModelCall,
+        options: EvalOptions,
+        generation: GenerationSettings | None = None,
     ) -> None:
         super().__init__()
-        self.forward = forward
-        self.tokenizer = tokenizer
-        self.max_length = max_length
-        self.scoring_device = device
-        self.batch_size = batch_size
-        self.max_batch_tokens = max_batch_tokens
-        self.packed = packed
-        self.progress = progress
+        self.call = call
+        self.tokenizer = call.model.tokenizer
+        self.max_length = call.model.max_length
+        self.options = options
+        self.generation = generation or GenerationSettings()
         self.truncated_continuations = 0
 
     def loglikelihood(
@@ -87,21 +85,33 @@ class ScorerLM(LM):
         return [sum(next(answers)[0] for _ in text_windows) for text_windows in windows]
 
     def generate_until(self, requests: Sequence[Any], disable_tqdm: bool = False) -> list[str]:
-        raise ConfigurationError(
-            "the package scores log-likelihoods and does not generate text (generate_until)"
-        )
+        options = self.options
+        if disable_tqdm:
+            options = dataclasses.replace(options, progress=False)
+        return generate_on_all_ranks(self.call, requests, options, self.generation)
+
+    @property
+    def tokenizer_name(self) -> str:
+        """lm-eval's name of the tokenizer (its request cache's key)."""
+        return str(self.tokenizer.name_or_path).replace("/", "__")
+
+    def apply_chat_template(
+        self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True
+    ) -> str:
+        return apply_chat_template(self.tokenizer, chat_history, add_generation_prompt)
 
     def _score(self, queries: list[Query], disable_tqdm: bool) -> list[tuple[float, bool]]:
         started = time.perf_counter()
+        options = self.options
         answers = score_on_all_ranks(
-            self.forward,
+            self.call,
             queries,
-            batch_size=self.batch_size,
+            batch_size=options.batch_size,
             pad_token_id=self.tokenizer.pad_token_id,
-            device=self.scoring_device,
-            max_batch_tokens=self.max_batch_tokens,
-            packed=self.packed,
-            progress=self.progress and not disable_tqdm,
+            device=self.call.device,
+            max_batch_tokens=options.max_batch_tokens,
+            packed=options.packed,
+            progress=options.progress and not disable_tqdm,
         )
         seconds = time.perf_counter() - started
         logger.info(

@@ -1,7 +1,10 @@
-"""The cached evaluation steps: a model scored on one task (lm-eval's requests, the package's
-log-likelihoods, lm-eval's results), and the results of several tasks merged and summarised."""
+"""The cached evaluation steps: a model evaluated on one task (lm-eval's requests, the package's
+log-likelihoods and generated texts, lm-eval's results), and several tasks' results merged and
+summarised."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 from tango import JsonFormat, Step
@@ -10,12 +13,14 @@ from tango.common.logging import cli_logger
 from tango.integrations.torch import Model
 
 from .. import compat  # noqa: F401  (Tango fixes)
-from ..checks import boolean, positive_int
+from ..checks import boolean
 from ..model.causal_lm import ModelWrapper, packing_refusal
 from ..parallel.precision import resolve_precision
 from ..tasks.lm_eval import TaskSpec, load_tasks
-from .harness import evaluate_task, merge, summary
-from .lm import ScorerLM, scoring_precision
+from .call import EvalOptions, GenerationSettings, ModelCall
+from .evaluator import Evaluator
+from .harness import merge, summary
+from .lm import scoring_precision
 from .scoring import default_device
 
 
@@ -31,8 +36,11 @@ class TaskScoresStep(Step[dict]):
     batches of at most ``batch_size`` queries and ``max_batch_tokens`` tokens, packed (a
     question's context once for all its choices) where the model takes packed batches
     (``pack_sequences: null``, the default), or as ``pack_sequences`` says (``true`` is refused
-    for a model that does not take them; ``false`` pads). None of those three is part of the
-    cache key: they change speed, not scores (up to float rounding).
+    for a model that does not take them; ``false`` pads). ``generate_until`` tasks are answered
+    as lm-eval's HF backend answers them (its prompt encoding, ``gen_kwargs`` and stop
+    sequences), by batched decoding with a key/value cache
+    (:mod:`~tango_fairscale.evaluation.generation`). None of those three is part of the cache
+    key: they change speed, not scores (up to float rounding).
 
     :param model: the model (``tango_fairscale::causal_lm``, or a trained model's step).
     :param task: a :class:`~tango_fairscale.tasks.lm_eval.TaskSpec` (a name is enough).
@@ -43,14 +51,18 @@ class TaskScoresStep(Step[dict]):
         (whatever its checkpoint stores) except under ``bf16-true``.
     :param bootstrap_iters: lm-eval's bootstrap resamples for the stderr of metrics that are
         not means (0: no stderr).
+    :param max_gen_toks: for ``generate_until`` tasks whose ``generation_kwargs`` set none, the
+        most tokens generated (lm-eval's default, 256).
+    :param generation_seed: seeds sampling, for tasks that sample (request ``i`` from
+        ``generation_seed + i``). Generation batches hold at most ``batch_size`` prompts.
 
     Returns lm-eval's results JSON for the task (``results`` with keys such as ``acc,none`` and
     ``acc_stderr,none``, ``groups``, ``n-samples``, ``n-shot``, ``versions``, ...) and its
-    ``samples``: per document its requests (``arguments``), their ``(log-likelihood, greedy)``
-    answers (``resps``) and metric values; ``truncated_continuations``: how many continuations
-    were longer than the model's window and scored on their last tokens only (lm-eval's HF
-    backend refuses them; a warning says so), and, when ``strict: false`` left documents out,
-    ``skipped_documents`` (``{task: count}``).
+    ``samples``: per document its requests (``arguments``), their answers (``resps``:
+    ``(log-likelihood, greedy)``, or the generated text), the filtered answers and metric values;
+    ``truncated_continuations``: how many continuations were longer than the model's window and
+    scored on their last tokens only (lm-eval's HF backend refuses them; a warning says so), and,
+    when ``strict: false`` left documents out, ``skipped_documents`` (``{task: count}``).
 
     Example (Jsonnet)::
 
@@ -73,9 +85,11 @@ class TaskScoresStep(Step[dict]):
         max_batch_tokens: int | None = 16384,
         pack_sequences: bool | None = None,
         bootstrap_iters: int = 100000,
+        max_gen_toks: int = GenerationSettings.max_gen_toks,
+        generation_seed: int = GenerationSettings.seed,
     ) -> dict:
-        positive_int("batch_size", batch_size)
-        positive_int("max_batch_tokens", max_batch_tokens, optional=True)
+        options = EvalOptions(batch_size, max_batch_tokens)
+        generation = GenerationSettings(max_gen_toks, generation_seed)
         if pack_sequences is not None:
             boolean("pack_sequences", pack_sequences)
         if isinstance(bootstrap_iters, bool) or not isinstance(bootstrap_iters, int):
@@ -91,21 +105,18 @@ class TaskScoresStep(Step[dict]):
         elif pack_sequences and not model.supports_packing:
             raise ConfigurationError(packing_refusal(model))
         loaded = load_tasks(task)  # checked before the model moves or scores anything
+        evaluator = Evaluator(
+            ModelCall.local(model, device),
+            dataclasses.replace(options, packed=pack_sequences),
+            generation,
+        )
+        evaluator.check(task, loaded)
         # fp32 weights whatever the model holds; scoring_precision casts for bf16-true.
         model = model.to(device=device, dtype=torch.float32).eval()
-        lm = ScorerLM(
-            lambda batch: model(**batch),
-            model.tokenizer,
-            max_length=model.max_length,
-            device=device,
-            batch_size=batch_size,
-            max_batch_tokens=max_batch_tokens,
-            packed=pack_sequences,
-        )
         with scoring_precision(model, resolved):
-            scores = evaluate_task(lm, task, loaded, bootstrap_iters)
+            scores = evaluator.evaluate(task, loaded, bootstrap_iters)
         scores["config"] = {"precision": resolved.name, "device": device.type}
-        scores["truncated_continuations"] = lm.truncated_continuations
+        scores["truncated_continuations"] = evaluator.lm.truncated_continuations
         return scores
 
 
@@ -156,7 +167,8 @@ def describe(results: dict) -> list[str]:
                 continue
             stderr = metrics.get(f"{metric}_stderr,{filter_name}")
             spread = f" ± {stderr:.4f}" if isinstance(stderr, (int, float)) else ""
-            shown.append(f"{metric} {value:.4f}{spread}")
+            label = metric if filter_name == "none" else f"{metric} ({filter_name})"
+            shown.append(f"{label} {value:.4f}{spread}")
         count = results.get("n-samples", {}).get(task, {}).get("effective")
         suffix = f" ({count} examples)" if count is not None else ""
         lines.append(f"{task}: {', '.join(shown)}{suffix}")

@@ -17,6 +17,7 @@ from .. import compat  # noqa: F401  (Tango fixes)
 from ..compat.transformers import unpacked_sequences
 from ..data.batches import collate, packed_batch
 from ..data.queries import Query
+from .decoding import next_token_logits
 from .fingerprint import source_fingerprint
 from .loading import (
     build_model,
@@ -61,6 +62,11 @@ class ModelWrapper(Model, CustomDetHash):
     With ``position_ids`` and ``query_ids`` it takes a packed batch from
     :func:`tango_fairscale.data.batches.packed_batch` instead (where :attr:`supports_packing`) and
     returns the same per query (``B`` = queries) as their right-padded rows would.
+
+    With ``past_key_values`` (a cache from :func:`~.decoding.new_cache`) it decodes instead: the
+    left-padded ``input_ids`` follow the cached tokens, ``attention_mask`` covers both, and it
+    returns ``logits`` ``(B, V)``, the model's own next-token logits
+    (:func:`~.decoding.next_token_logits`), the cache updated in place.
 
     Loading refuses, in one line, a model whose own forward computes other log-likelihoods than
     the scorer (:func:`~.logits.check_fast_path`), a tokenizer that does not encode text and an
@@ -156,10 +162,18 @@ class ModelWrapper(Model, CustomDetHash):
         self,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
-        labels: torch.Tensor,
+        labels: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         query_ids: torch.Tensor | None = None,
+        past_key_values: Any = None,
     ) -> dict[str, torch.Tensor]:
+        if past_key_values is not None:  # decoding: next-token logits, the cache updated in place
+            assert position_ids is not None, "decoding needs position_ids"
+            return next_token_logits(
+                self.model, input_ids, attention_mask, position_ids, past_key_values
+            )
+        if labels is None:
+            raise ValueError("forward needs labels (or past_key_values, to decode)")
         # No key/value cache: it costs memory, and activation checkpointing would replay a
         # forward into the same cache object and double its length.
         del attention_mask
@@ -283,13 +297,16 @@ def packing_matches_padding(model: ModelWrapper) -> bool:
 HOST_INPUTS = ("labels", "query_ids")
 
 
-def move_batch(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+def move_batch(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
     """``batch`` on ``device``, except ``HOST_INPUTS``: left on the CPU, where
     :class:`ModelWrapper` picks the scored positions without waiting for the device (wrappers
-    that move every input, such as multi-process DDP, still work, at one wait per forward)."""
+    that move every input, such as multi-process DDP, still work, at one wait per forward), and
+    what is not a tensor (a decoding cache)."""
     return {
-        name: tensor if name in HOST_INPUTS else tensor.to(device, non_blocking=True)
-        for name, tensor in batch.items()
+        name: value
+        if name in HOST_INPUTS or not isinstance(value, torch.Tensor)
+        else value.to(device, non_blocking=True)
+        for name, value in batch.items()
     }
 
 

@@ -46,6 +46,8 @@ class Engine(TrainingEngine):
 
     #: Whether every rank holds different model/optimizer state (and so writes its own file).
     sharded = False
+    #: Why this engine cannot generate text (``generate_until`` tasks); ``None``: it can.
+    generation_refusal: str | None = None
 
     def __init__(
         self,

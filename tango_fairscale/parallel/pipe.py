@@ -118,6 +118,12 @@ class PipeEngine(Engine):
                  precision: "bf16-mixed", optimizer: {type: "torch::AdamW", lr: 1e-5}}
     """
 
+    generation_refusal = (
+        "the pipe engine does not generate text (generate_until): validate generation tasks "
+        "under ddp, fairscale or fsdp2, or score them after training with "
+        "tango_fairscale::task_scores"
+    )
+
     @classmethod
     def check_world_size(cls, world_size: int) -> None:
         """Refuse (one line) more than one process; Tango's ``torch::train`` asks before it spawns

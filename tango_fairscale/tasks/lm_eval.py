@@ -20,7 +20,7 @@ from tango.common.det_hash import CustomDetHash
 from tango.common.exceptions import ConfigurationError
 
 from .. import compat  # noqa: F401  (Tango fixes)
-from ..checks import boolean, did_you_mean, one_line, positive_int, reason
+from ..checks import boolean, did_you_mean, one_line, positive_int, reason, text
 from ..compat.lm_eval import compile_templates_once
 from ..records.fingerprint import local_fingerprint
 from .documents import (
@@ -32,15 +32,20 @@ from .documents import (
     process_documents,
     refusal,
 )
+from .generation import check_generation_task, refuse_code_execution
 from .local_files import dataset_files, yaml_files
 
 logger = logging.getLogger(__name__)
 
-#: The output types the package scores (log-likelihoods); ``generate_until`` tasks are refused.
-SCORED_OUTPUT_TYPES = ("multiple_choice", "loglikelihood", "loglikelihood_rolling")
+#: The output types the package answers: log-likelihoods, and text generated until a stop.
+OUTPUT_TYPES = ("multiple_choice", "loglikelihood", "loglikelihood_rolling", "generate_until")
 
 #: lm-eval's default few-shot seed (``simple_evaluate``'s ``fewshot_random_seed``).
 DEFAULT_FEWSHOT_SEED = 1234
+
+#: TaskSpec fields in its hash only when set: the keys of specs that leave them unset stay as
+#: they were before the fields existed.
+KEYED_WHEN_SET = ("strict", "apply_chat_template", "system_instruction", "fewshot_as_multiturn")
 
 TaskDict = dict[str, Any]  # lm-eval's {"tasks": {name: Task}, "groups": ..., "group_map": ...}
 
@@ -76,6 +81,9 @@ class TaskSpec(FromParams, CustomDetHash):
         choices, say; see :mod:`~tango_fairscale.tasks.documents`) in one line naming its file
         and line (``true``, the default), or leave such documents out of a task's own
         ``data_dir`` or ``dataset``, logging how many (``false``).
+    :param apply_chat_template: prompts in the tokenizer's chat template (lm-eval's
+        ``--apply_chat_template``), few-shot examples as turns unless ``fewshot_as_multiturn``.
+    :param system_instruction: a system prompt (lm-eval's ``--system_instruction``).
 
     Example (Jsonnet)::
 
@@ -96,6 +104,9 @@ class TaskSpec(FromParams, CustomDetHash):
     fewshot_seed: int = DEFAULT_FEWSHOT_SEED
     limit: int | None = None
     strict: bool = True
+    apply_chat_template: bool = False
+    system_instruction: str | None = None
+    fewshot_as_multiturn: bool = True
 
     def __post_init__(self) -> None:
         given = [field for field in ("name", "yaml", "config") if getattr(self, field) is not None]
@@ -120,6 +131,9 @@ class TaskSpec(FromParams, CustomDetHash):
                 "strict: false leaves out bad documents of a task's own data only: give the "
                 "task data_dir or dataset, or drop strict"
             )
+        boolean("apply_chat_template", self.apply_chat_template)
+        boolean("fewshot_as_multiturn", self.fewshot_as_multiturn)
+        text("system_instruction", self.system_instruction, optional=True)
         if self.config is not None and not isinstance(self.config, dict):
             raise ConfigurationError(f"a task 'config' must be an object, got {self.config!r}")
         self._check_sources()
@@ -150,11 +164,10 @@ class TaskSpec(FromParams, CustomDetHash):
         return super().from_params(params_, *args, **kwargs)
 
     def det_hash_object(self) -> Any:
-        # ``strict`` at its default is left out: the keys of tasks cached before it existed stay.
         fields = tuple(
             (f.name, getattr(self, f.name))
             for f in dataclasses.fields(self)
-            if not (f.name == "strict" and self.strict)
+            if f.name not in KEYED_WHEN_SET or getattr(self, f.name) != f.default
         )
         return (fields, local_fingerprint(self.local_files()))
 
@@ -195,9 +208,10 @@ def load_tasks(spec: TaskSpec, *, training: bool = False) -> TaskDict:
     few-shot split when ``num_fewshot`` > 0 and, when ``training``, of its training split.
 
     Raises one-line ``ConfigurationError`` s for an unknown name (with the closest), a task that
-    generates text, a dataset that cannot be reached offline, a task YAML that does not parse,
-    and a document that cannot be scored (naming its file and line). With ``strict: false``
-    such documents are left out, logged and counted: ``loaded["skipped_documents"]`` is
+    runs generated code or asks for generation settings the package does not decode with
+    (:mod:`~.generation`), a dataset that cannot be reached offline, a task YAML that does not
+    parse, and a document that cannot be scored (naming its file and line). With ``strict:
+    false`` such documents are left out, logged and counted: ``loaded["skipped_documents"]`` is
     ``{task: count}`` (absent when none is)."""
     compile_templates_once()
     manager, item, documents = _source(spec)
@@ -228,6 +242,7 @@ def _load(manager: Any, item: Any, spec: TaskSpec) -> TaskDict:
         raise ConfigurationError(f"task {spec.label!r}: {one_line(error, 300)}") from None
     for name, task in loaded["tasks"].items():
         _check_output_type(name, task.get_config("output_type") or "generate_until")
+        check_generation_task(name, task)
         task.set_config(key="num_fewshot", value=_num_fewshot(spec, task.get_config("num_fewshot")))
         task.set_fewshot_seed(seed=spec.fewshot_seed)
     return loaded
@@ -339,6 +354,7 @@ def _source(spec: TaskSpec) -> tuple[Any, Any, LocalDocuments | None]:
         config = dict(spec.config)
     elif spec.yaml is not None:
         path = Path(spec.yaml).expanduser()
+        refuse_code_execution(spec.label, path)
         try:
             config = load_yaml(path.resolve(), resolve_func=True)
         except Exception as error:  # yaml's errors, a missing include, a bad !function
@@ -350,8 +366,10 @@ def _source(spec: TaskSpec) -> tuple[Any, Any, LocalDocuments | None]:
         kind, yaml_path = _builtin(spec.name, local)
         if kind != "TASK" or yaml_path is None:  # groups, tags and Python tasks
             return _full_task_manager(), spec.name, None
+        refuse_code_execution(spec.name, yaml_path)
         config = load_yaml(Path(yaml_path), resolve_func=True)
     _check_output_type(spec.label, config.get("output_type", "generate_until"))
+    check_generation_task(spec.label, None, config)
     if not local:
         return TaskManager(include_defaults=False), config, None
     documents = _documents(spec)
@@ -407,10 +425,10 @@ def _fewshot_from_the_scored_split(config: dict[str, Any]) -> None:
 
 
 def _check_output_type(task: str, output_type: str) -> None:
-    if output_type not in SCORED_OUTPUT_TYPES:
+    if output_type not in OUTPUT_TYPES:
         raise ConfigurationError(
-            f"task {task!r} has output_type {output_type!r}: the package scores log-likelihoods "
-            f"({', '.join(SCORED_OUTPUT_TYPES)}) and does not generate text; choose another task"
+            f"task {task!r} has output_type {output_type!r}; the package answers "
+            f"{', '.join(OUTPUT_TYPES)}: choose another task"
         )
 
 

@@ -17,6 +17,7 @@ from tango.common import Lazy
 from tango.common.exceptions import ConfigurationError
 from tango.integrations.torch import Model, TrainCallback, TrainConfig, TrainingEngine
 
+from ..evaluation.call import GenerationSettings
 from ..model.causal_lm import packing_refusal
 from ..parallel.engine import Engine
 from ..runtime.process_group import join_process_group, leave_process_group, spawned_store
@@ -56,6 +57,8 @@ class TrainPlan:
     #: The run's id, which every file of its checkpoints carries (made by the launching process,
     #: kept beside the checkpoints; ``None``: each process reads or makes it there).
     run_id: str | None = None
+    #: How validation tasks that generate text decode (part of the step's cache key).
+    generation: GenerationSettings = field(default_factory=GenerationSettings)
 
     @property
     def checkpoints(self) -> Path:

@@ -17,8 +17,9 @@ from tango.integrations.torch import StopEarly
 from ..data.batches import training_batch
 from ..data.queries import encode_pairs
 from ..data.schedules import BatchSchedule
-from ..evaluation.harness import evaluate_task, merge, summary
-from ..evaluation.lm import ScorerLM
+from ..evaluation.call import EvalOptions, ModelCall
+from ..evaluation.evaluator import Evaluator
+from ..evaluation.harness import merge, summary
 from ..parallel.engine import Engine
 from ..records.checkpoints import run_id
 from ..runtime.process_group import barrier
@@ -59,6 +60,9 @@ class TrainingRun:
             config.grad_accum,
         )
         self.validation = [(spec, load_tasks(spec)) for spec in plan.validate_tasks]
+        self.evaluator = evaluator(engine, plan)
+        for spec, loaded in self.validation:  # what this engine or model cannot do: now
+            self.evaluator.check(spec, loaded)
         self.callbacks = Callbacks(
             plan.callbacks,
             workspace=plan.workspace,
@@ -159,7 +163,7 @@ class TrainingRun:
     def validate(self, done: int) -> bool:
         """Score the validation tasks with every rank through the engine, log lm-eval's metrics
         (``val_<task>/<metric>``) and call ``post_val_loop``; whether a callback stops the run."""
-        metrics = validate(self.engine, self.plan, self.validation)
+        metrics = validate(self.engine, self.evaluator, self.validation)
         self.log.write({"step": done, **{f"val_{k}": v for k, v in metrics.items()}})
         if self.is_main:
             logger.info("step %d: validation %s", done, _brief(metrics))
@@ -207,23 +211,24 @@ class StepLoss:
         return float(self._host)
 
 
-def validate(engine: Engine, plan: Any, tasks: list) -> dict[str, Any]:
-    """lm-eval's metrics of the validation tasks (the flat summary of
-    :func:`~tango_fairscale.evaluation.harness.summary`), every rank scoring its share through
-    the engine."""
-    model = engine.wrapped_model
-    lm = ScorerLM(
-        engine.forward_eval,
-        model.tokenizer,
-        max_length=model.max_length,
-        device=engine.device,
+def evaluator(engine: Engine, plan: Any) -> Evaluator:
+    """The evaluator of validation: every rank answering its share through the engine."""
+    options = EvalOptions(
         batch_size=plan.eval_batch_size,
-        packed=plan.pack_sequences,
+        max_batch_tokens=None,
+        packed=bool(plan.pack_sequences),
         progress=plan.config.is_local_main_process,
     )
+    return Evaluator(ModelCall.of_engine(engine), options, plan.generation)
+
+
+def validate(engine: Engine, evaluator: Evaluator, tasks: list) -> dict[str, Any]:
+    """lm-eval's metrics of the validation tasks (the flat summary of
+    :func:`~tango_fairscale.evaluation.harness.summary`), every rank answering its share through
+    the engine."""
     engine.model.eval()
     try:
-        return summary(merge([evaluate_task(lm, spec, loaded) for spec, loaded in tasks]))
+        return summary(merge([evaluator.evaluate(spec, loaded) for spec, loaded in tasks]))
     finally:
         engine.model.train()
 

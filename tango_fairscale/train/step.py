@@ -8,12 +8,14 @@ from typing import Any
 
 from tango import Format, Step
 from tango.common import Lazy, Registrable
+from tango.common.exceptions import ConfigurationError
 from tango.integrations.torch import Model, TrainCallback, TrainConfig, TrainingEngine
 from tango.step import StepResources
 
 from .. import compat  # noqa: F401  (Tango fixes)
 from ..checks import boolean, one_of, positive_int, positive_ints
 from ..data.schedules import BatchSchedule
+from ..evaluation.call import GenerationSettings
 from ..model.causal_lm import ModelWrapper
 from ..model.fingerprint import FingerprintedLazy
 from ..parallel.safe_load import load_torch_file
@@ -77,6 +79,9 @@ class TrainStep(Step[ModelWrapper]):
         batch 64: 1.92x in a third of the memory). ``null``: packed where the engine's model
         takes packed batches (``ModelWrapper.supports_packing``; never under the ``pipe``
         engine), else padded; ``true`` is refused where it does not.
+    :param max_gen_toks: for validation tasks that generate text (``generate_until``) and set no
+        ``max_gen_toks`` of their own, the most tokens generated (lm-eval's default, 256).
+    :param generation_seed: seeds sampling, for validation tasks that sample.
 
     Returns the trained model (fp32 weights, whatever the checkpoint and precision: a
     ``bf16-true`` run's bf16 values, upcast exactly); its ``training_log`` holds the logged loss
@@ -149,6 +154,8 @@ class TrainStep(Step[ModelWrapper]):
         preemption_signal: str = "SIGTERM",
         collective_timeout_s: int = 600,
         pack_sequences: bool | None = False,
+        max_gen_toks: int = GenerationSettings.max_gen_toks,
+        generation_seed: int = GenerationSettings.seed,
     ) -> ModelWrapper:
         positive_ints(
             {
@@ -167,6 +174,12 @@ class TrainStep(Step[ModelWrapper]):
         if pack_sequences is not None:
             boolean("pack_sequences", pack_sequences)
         one_of("preemption_signal", preemption_signal, PREEMPTION_SIGNALS)
+        generation = GenerationSettings(max_gen_toks, generation_seed)
+        if task.apply_chat_template or task.system_instruction is not None:
+            raise ConfigurationError(
+                "the training task's examples are formatted without a chat template or system "
+                "instruction: set apply_chat_template / system_instruction on validate_tasks only"
+            )
         pairs = [
             pair
             for name, loaded in load_tasks(task, training=True)["tasks"].items()
@@ -174,7 +187,7 @@ class TrainStep(Step[ModelWrapper]):
         ]
         validation = [task] if validate_tasks is None else list(validate_tasks)
         for spec in validation:  # refused here, before any process starts, when they cannot load
-            load_tasks(spec)
+            refuse_generation(engine, load_tasks(spec))
         # Fails here, not in a worker, when the batch does not split evenly.
         BatchSchedule(len(pairs), batch_size, seed, device_count, 0, grad_accum)
         devices = job_devices(device_count)
@@ -210,6 +223,7 @@ class TrainStep(Step[ModelWrapper]):
                 self.workspace,
                 val_metric,
                 keep_checkpoints=keep_checkpoints,
+                generation=generation,
             )
         )
 
@@ -220,6 +234,21 @@ class TrainStep(Step[ModelWrapper]):
         trained.training_log = read_training_log(self.work_dir / TRAINING_LOG)
         trained.origin = ("tango_fairscale::train", self.unique_id)  # no longer its base model
         return trained
+
+
+def refuse_generation(engine: Lazy[TrainingEngine], loaded: dict) -> None:
+    """Refuse a validation task that generates text under an engine that cannot generate."""
+    generating = [n for n, t in loaded["tasks"].items() if t.OUTPUT_TYPE == "generate_until"]
+    name = engine._params.get("type")
+    if not generating or not isinstance(name, str):
+        return
+    try:
+        engine_class = TrainingEngine.resolve_class_name(name)[0]
+    except ConfigurationError:  # an unknown engine is refused where it is built
+        return
+    refusal = getattr(engine_class, "generation_refusal", None)
+    if refusal is not None:
+        raise ConfigurationError(f"validation task {generating[0]!r}: {refusal}")
 
 
 def component_modules(*components: Lazy) -> tuple[str, ...]:
