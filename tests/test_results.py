@@ -63,6 +63,8 @@ def _tango_run(
     done = subprocess.run(
         command, cwd=REPO_ROOT, env={**os.environ, **offline}, capture_output=True, text=True
     )
+    # What the terminal showed, for tests of the display (tests/train/test_progress.py).
+    (workspace.parent / f"{name}.out").write_text(done.stdout + done.stderr)
     if (done.returncode != 0) != fails:
         raise RuntimeError(
             f"tango run {name} exited with {done.returncode}:\n{done.stdout[-3000:]}\n"
