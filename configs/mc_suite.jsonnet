@@ -1,5 +1,5 @@
-// Evaluate a causal LM (fine-tuned first if train_steps > 0) on a suite of lm-evaluation-harness
-// multiple-choice tasks, each scored and cached in a step of its own.
+// Evaluate a causal LM on a suite of lm-evaluation-harness multiple-choice tasks, each scored and
+// cached in a step of its own; with -D train_steps=N it is first fine-tuned on train_task.
 //
 //   tango run configs/mc_suite.jsonnet -w workspace -D model=/models/smollm2 \
 //       -D tasks=piqa,arc_easy,hellaswag -D task_data_dir=/data/tasks
@@ -10,7 +10,8 @@
 //   task_data_dir  local data: <dir>/<task>/<split>.jsonl in each task's    "" (the hub)
 //                  own schema; empty = the tasks' hub datasets
 //   num_fewshot    few-shot examples per context                            0
-//   model, engine, precision, device_count, train_steps, batch_size, lr, seed, validate_every,
+//   train_steps    optimizer steps of fine-tuning first; 0 = evaluate only      0
+//   model, engine, precision, device_count, batch_size, lr, seed, validate_every,
 //   warmup_steps, lr_decay, log_every, limit (documents per task; 0 = all)  as gpt2_piqa.jsonnet
 //   train_task     the task trained on when train_steps > 0 (its training split)   piqa
 //
@@ -19,7 +20,7 @@
 local engines = import 'lib/engines.libsonnet';
 local variables = import 'lib/variables.libsonnet';
 
-local train_steps = variables.int('train_steps');
+local train_steps = variables.intOr('train_steps', 0);  // tango.yml: '' = evaluate only
 local limit = variables.int('limit');
 local num_fewshot = variables.int('num_fewshot');
 local schedule = {

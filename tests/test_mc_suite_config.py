@@ -97,3 +97,12 @@ def test_tango_run_refuses_them_before_any_step_starts(
         assert process.returncode != 0, output
         assert any(cases[define] in line for line in output.splitlines()), output[-2000:]
         assert "Starting step" not in output, output[-2000:]
+
+
+def test_mc_suite_evaluates_unless_training_is_asked_for() -> None:
+    """tango.yml's ``train_steps: ""`` is each config's own default: mc_suite evaluates only."""
+    assert "trained_model" not in evaluate(MC_SUITE)["steps"]
+    trained = evaluate(MC_SUITE, train_steps="3")["steps"]["trained_model"]
+    assert trained["train_steps"] == 3
+    main = evaluate(REPO_ROOT / "configs" / "gpt2_piqa.jsonnet")["steps"]["trained_model"]
+    assert main["train_steps"] == 2000
