@@ -6,6 +6,7 @@
     tango-fairscale run [--rendezvous-timeout SECONDS] CONFIG [tango run options]
     python -m tango_fairscale run ...          (the same; the form torchrun starts with -m)
     tango-fairscale export CHECKPOINT_DIR OUT_DIR
+    tango-fairscale tiny-model OUT_DIR [--tokenizer SRC]
 
 ``results`` prints one row per run of the workspace (or of the named runs): model, engine,
 precision, devices, train steps and the PIQA validation metrics; ``--json`` prints the same as a
@@ -16,11 +17,13 @@ runs the Tango steps and the other ranks join its training steps
 Without launcher variables it is plain ``tango run``. Its exit code is ``tango run``'s.
 ``export`` writes the model of a saved checkpoint (any engine, any number of processes) as a
 Hugging Face directory (:mod:`tango_fairscale.export`), without starting the job.
+``tiny-model`` writes a small random GPT-2-shaped model for a first run, offline
+(:mod:`tango_fairscale.model.tiny`).
 
 Problems (no workspace, no runs, an unknown run, nothing to plot, a file suffix matplotlib does
 not write, not a complete checkpoint) are reported in one line on stderr with exit code 2, before
 any work. A run whose records cannot be read is left out of ``results`` with one warning line
-naming it. Only ``run`` and ``export`` import torch.
+naming it. Only ``run``, ``export`` and ``tiny-model`` import torch.
 """
 
 from __future__ import annotations
@@ -99,6 +102,18 @@ def build_parser() -> argparse.ArgumentParser:
         "step's work directory",
     )
     export.add_argument("out_dir", metavar="OUT_DIR", help="a new (or empty) directory")
+    tiny = commands.add_parser(
+        "tiny-model",
+        help="write a small random model for a first run (no hub, no GPU needed)",
+        description="Write a 2-layer GPT-2-shaped model with random weights (150k parameters) "
+        "and a byte-level tokenizer as a Hugging Face directory, for -D model=OUT_DIR.",
+    )
+    tiny.add_argument("out_dir", metavar="OUT_DIR", help="a new (or empty) directory")
+    tiny.add_argument(
+        "--tokenizer",
+        metavar="SRC",
+        help="use this tokenizer (hub id or directory) instead of the byte-level one",
+    )
     return parser
 
 
@@ -124,6 +139,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run(args)
         if args.command == "export":
             return _export(args)
+        if args.command == "tiny-model":
+            return _tiny_model(args)
     except (ResultsError, CommandError, OSError) as error:
         message = " ".join(str(error).split()) or type(error).__name__
         print(f"{PROG}: error: {message}", file=sys.stderr)
@@ -158,6 +175,21 @@ def _export(args: argparse.Namespace) -> int:
     except CheckpointError as error:
         raise CommandError(str(error)) from None
     print(f"{PROG}: wrote the model of {checkpoint} to {args.out_dir}", file=sys.stderr)
+    return 0
+
+
+def _tiny_model(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from tango.common.exceptions import ConfigurationError
+
+    from .model.tiny import save_tiny_model
+
+    try:
+        save_tiny_model(Path(args.out_dir), args.tokenizer)
+    except ConfigurationError as error:
+        raise CommandError(str(error)) from None
+    print(f"{PROG}: wrote a tiny random model to {args.out_dir}", file=sys.stderr)
     return 0
 
 
