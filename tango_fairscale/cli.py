@@ -6,6 +6,7 @@
     tango-fairscale run [--rendezvous-timeout SECONDS] CONFIG [tango run options]
     python -m tango_fairscale run ...          (the same; the form torchrun starts with -m)
     tango-fairscale export CHECKPOINT_DIR OUT_DIR
+    tango-fairscale export --run NAME [--step N] -w WORKSPACE OUT_DIR
     tango-fairscale tiny-model OUT_DIR [--tokenizer SRC]
 
 ``results`` prints one row per run of the workspace (or of the named runs): model, engine,
@@ -16,7 +17,9 @@ runs the Tango steps and the other ranks join its training steps
 (:mod:`tango_fairscale.runtime.launcher`).
 Without launcher variables it is plain ``tango run``. Its exit code is ``tango run``'s.
 ``export`` writes the model of a saved checkpoint (any engine, any number of processes) as a
-Hugging Face directory (:mod:`tango_fairscale.export`), without starting the job.
+Hugging Face directory (:mod:`tango_fairscale.export`), without starting the job: a checkpoint
+directory, a work dir or a training step's result folder (``runs/NAME/trained_model``), or a run's
+newest checkpoint (or step ``N``'s) by the run's name (:mod:`tango_fairscale.results.checkpoints`).
 ``tiny-model`` writes a small random GPT-2-shaped model for a first run, offline
 (:mod:`tango_fairscale.model.tiny`).
 
@@ -93,14 +96,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="write a saved (sharded) checkpoint as a Hugging Face model directory",
         description="Consolidate a checkpoint of any engine and number of processes (FairScale "
         "rank files, an FSDP2 distributed checkpoint, ...) into a directory that "
-        "AutoModelForCausalLM.from_pretrained loads, in this process alone.",
+        "AutoModelForCausalLM.from_pretrained loads, in this process alone: "
+        "'export CHECKPOINT_DIR OUT_DIR' or 'export --run NAME [--step N] -w WORKSPACE OUT_DIR'.",
     )
     export.add_argument(
         "checkpoint",
+        nargs="?",
         metavar="CHECKPOINT_DIR",
-        help="a checkpoint (.../checkpoints/stepN), a checkpoints/ directory (its latest) or a "
-        "step's work directory",
+        help="a checkpoint (.../checkpoints/stepN), a checkpoints/ directory (its latest), a "
+        "step's work directory or its result folder (WORKSPACE/runs/NAME/trained_model)",
     )
+    export.add_argument("--run", metavar="NAME", help="the newest checkpoint of this run")
+    export.add_argument("--step", type=int, metavar="N", help="with --run: step N's checkpoint")
+    export.add_argument("-w", "--workspace", metavar="WORKSPACE", help="the run's workspace")
     export.add_argument("out_dir", metavar="OUT_DIR", help="a new (or empty) directory")
     tiny = commands.add_parser(
         "tiny-model",
@@ -168,10 +176,22 @@ def _run(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from .results.checkpoints import run_checkpoint, work_dir_of
+
+    if args.run is not None:
+        if args.workspace is None or args.checkpoint is not None:
+            raise CommandError("--run NAME takes -w WORKSPACE and OUT_DIR, not a CHECKPOINT_DIR")
+        source = run_checkpoint(args.workspace, args.run, args.step)
+    elif args.checkpoint is None or args.step is not None or args.workspace is not None:
+        raise CommandError(
+            "give CHECKPOINT_DIR OUT_DIR, or --run NAME [--step N] -w WORKSPACE OUT_DIR"
+        )
+    else:
+        source = work_dir_of(Path(args.checkpoint))
     from .export import CheckpointError, export
 
     try:
-        checkpoint = export(Path(args.checkpoint), Path(args.out_dir))
+        checkpoint = export(source, Path(args.out_dir))
     except CheckpointError as error:
         raise CommandError(str(error)) from None
     print(f"{PROG}: wrote the model of {checkpoint} to {args.out_dir}", file=sys.stderr)
