@@ -9,9 +9,11 @@
     tango-fairscale export --run NAME [--step N] -w WORKSPACE OUT_DIR
     tango-fairscale tiny-model OUT_DIR [--tokenizer SRC]
 
-``results`` prints one row per run of the workspace (or of the named runs): model, engine,
-precision, devices, train steps and the PIQA validation metrics; ``--json`` prints the same as a
-JSON list; ``--plot`` also draws the training loss and validation accuracy curves into a file.
+``results`` prints one row per run of the workspace (or of the named runs): model, tasks and
+``limit``, engine, precision, devices, train steps, timings, then each task's metrics; reruns that
+started no step are folded into the run whose results they reused (with a count). ``--json``
+prints every run as a JSON list; ``--plot`` also draws the training loss and validation curves
+into a file, one per training, labelled by the settings in which they differ.
 ``run`` is ``tango run`` for every process of a job started by ``torchrun`` (or SLURM): rank 0
 runs the Tango steps and the other ranks join its training steps
 (:mod:`tango_fairscale.runtime.launcher`).
@@ -214,7 +216,14 @@ def _tiny_model(args: argparse.Namespace) -> int:
 
 
 def _results(args: argparse.Namespace) -> int:
-    from .results import check_plot_path, collect_runs, format_table, open_workspace, plot_curves
+    from .results import (
+        check_plot_path,
+        collect_runs,
+        fold_reruns,
+        format_table,
+        open_workspace,
+        plot_curves,
+    )
 
     if args.plot:
         check_plot_path(args.plot)
@@ -234,8 +243,8 @@ def _results(args: argparse.Namespace) -> int:
         print(f"{PROG}: wrote curves of {', '.join(drawn)} to {args.plot}{note}", file=sys.stderr)
     if args.json:
         print(json.dumps([summary.to_json() for summary in summaries], indent=2))
-    else:
-        print(format_table(summaries))
+    else:  # a named run is shown as asked; else reruns that started no step fold into one row
+        print(format_table(summaries if args.runs else fold_reruns(summaries)))
     return 0
 
 
