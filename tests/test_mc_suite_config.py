@@ -106,3 +106,18 @@ def test_mc_suite_evaluates_unless_training_is_asked_for() -> None:
     assert trained["train_steps"] == 3
     main = evaluate(REPO_ROOT / "configs" / "gpt2_piqa.jsonnet")["steps"]["trained_model"]
     assert main["train_steps"] == 2000
+
+
+def test_the_official_piqa_files_are_read_through_a_piqa_step() -> None:
+    """``-D data_dir`` (the main config's official PIQA files): task piqa reads them, the other
+    tasks keep their ``task_data_dir`` folders; without it there is no ``piqa`` step."""
+    steps = evaluate(
+        MC_SUITE, tasks="piqa,copa", data_dir="/data/piqa", task_data_dir="/data/tasks"
+    )["steps"]
+    assert steps["piqa"] == {"type": "tango_fairscale::piqa", "data_dir": "/data/piqa"}
+    assert steps["scores_piqa"]["task"]["dataset"] == {"type": "ref", "ref": "piqa"}
+    assert "data_dir" not in steps["scores_piqa"]["task"]
+    assert steps["scores_copa"]["task"]["data_dir"] == "/data/tasks/copa"
+    assert "piqa" not in evaluate(MC_SUITE, tasks="piqa,copa")["steps"]
+    trained = evaluate(MC_SUITE, tasks="copa", data_dir="/data/piqa", train_steps="3")["steps"]
+    assert trained["trained_model"]["task"]["dataset"] == {"type": "ref", "ref": "piqa"}
