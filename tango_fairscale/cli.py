@@ -205,8 +205,11 @@ def _tiny_model(args: argparse.Namespace) -> int:
 
     from tango.common.exceptions import ConfigurationError
 
-    from .model.tiny import save_tiny_model
+    from .model.tiny import holds_model, save_tiny_model
 
+    if holds_model(Path(args.out_dir)):
+        print(f"{PROG}: {args.out_dir} already holds a model; left as it is", file=sys.stderr)
+        return 0
     try:
         save_tiny_model(Path(args.out_dir), args.tokenizer)
     except ConfigurationError as error:

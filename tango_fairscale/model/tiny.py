@@ -48,7 +48,9 @@ def byte_tokenizer() -> Any:
 def save_tiny_model(directory: Path, tokenizer: str | None = None, seed: int = 0) -> Path:
     """Write the model (:data:`TINY_GPT2`, seeded) and its tokenizer into ``directory`` (new or
     empty): the byte tokenizer, or the one at ``tokenizer`` (hub id or directory). It loads as
-    ``-D model=DIRECTORY`` and with ``AutoModelForCausalLM.from_pretrained``."""
+    ``-D model=DIRECTORY`` and with ``AutoModelForCausalLM.from_pretrained``. A directory that
+    already holds a model is left as it is (so the command can be repeated: the steps that read
+    it stay cached); one that holds other files is refused."""
     import tempfile
 
     from tango.common.exceptions import ConfigurationError
@@ -57,6 +59,8 @@ def save_tiny_model(directory: Path, tokenizer: str | None = None, seed: int = 0
     from .loading import load_tokenizer
 
     directory = Path(directory)
+    if holds_model(directory):
+        return directory
     if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
         raise ConfigurationError(f"{directory} already exists and is not empty; give a new one")
     with tempfile.TemporaryDirectory() as scratch:
@@ -83,3 +87,12 @@ def end_of_text(tokenizer: Any) -> int:
             "the tokenizer names no end-of-text token and has no <|endoftext|>"
         )
     return int(found)
+
+
+def holds_model(directory: Path) -> bool:
+    """Whether ``directory`` holds a saved model: a config, weights and a tokenizer."""
+    return (
+        (directory / "config.json").is_file()
+        and any(directory.glob("*.safetensors"))
+        and (directory / "tokenizer_config.json").is_file()
+    )

@@ -26,6 +26,10 @@ def test_the_command_writes_a_model_that_loads(tmp_path: Path, capsys) -> None:
     assert len(ids) == len(text.encode()) and tokenizer.decode(ids) == text
     wrapped = ModelWrapper(str(directory))
     assert wrapped.num_parameters < 200_000 and wrapped.max_length == 512
+    before = {path.name: path.stat().st_mtime_ns for path in directory.iterdir()}
+    assert main(["tiny-model", str(directory)]) == 0  # the Quick start's command, repeated
+    assert "already holds a model; left as it is" in capsys.readouterr().err
+    assert {path.name: path.stat().st_mtime_ns for path in directory.iterdir()} == before
 
 
 def test_a_directory_with_files_is_refused(tmp_path: Path, capsys) -> None:
