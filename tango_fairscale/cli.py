@@ -71,6 +71,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="write training loss and validation accuracy curves here",
     )
     results.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _add_run(commands)
+    _add_export(commands)
+    _add_tiny_model(commands)
+    return parser
+
+
+def _add_run(commands: argparse._SubParsersAction) -> None:
     run = commands.add_parser(
         "run",
         help="'tango run' on every process of a torchrun / SLURM job",
@@ -93,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="...",
         help="'tango run' options: -w WORKSPACE, -D name=value, ...",
     )
+
+
+def _add_export(commands: argparse._SubParsersAction) -> None:
     export = commands.add_parser(
         "export",
         help="write a saved (sharded) checkpoint as a Hugging Face model directory",
@@ -112,19 +122,23 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--step", type=int, metavar="N", help="with --run: step N's checkpoint")
     export.add_argument("-w", "--workspace", metavar="WORKSPACE", help="the run's workspace")
     export.add_argument("out_dir", metavar="OUT_DIR", help="a new (or empty) directory")
+
+
+def _add_tiny_model(commands: argparse._SubParsersAction) -> None:
     tiny = commands.add_parser(
         "tiny-model",
         help="write a small random model for a first run (no hub, no GPU needed)",
         description="Write a 2-layer GPT-2-shaped model with random weights (150k parameters) "
         "and a byte-level tokenizer as a Hugging Face directory, for -D model=OUT_DIR.",
     )
-    tiny.add_argument("out_dir", metavar="OUT_DIR", help="a new (or empty) directory")
+    tiny.add_argument(
+        "out_dir", metavar="OUT_DIR", help="a new directory (one holding a model is left as is)"
+    )
     tiny.add_argument(
         "--tokenizer",
         metavar="SRC",
         help="use this tokenizer (hub id or directory) instead of the byte-level one",
     )
-    return parser
 
 
 def _positive_seconds(text: str) -> float:
