@@ -6,7 +6,7 @@
 // Jsonnet cannot default a missing external variable):
 //   model          Hugging Face model id or local directory (weights, config, tokenizer)   gpt2
 //   data_dir       directory with the official PIQA files; empty = download them           ""
-//   train_steps    optimizer steps; 0 = evaluate the model as it is                        2000
+//   train_steps    optimizer steps; 0 = evaluate the model as it is ('' = 2000)            2000
 //   device_count   processes / devices for training                                         1
 //   engine         ddp | fairscale | fsdp2 | pipe                                           fairscale
 //   precision      auto | 32-true | bf16-mixed | 16-mixed | bf16-true                      auto
@@ -29,7 +29,7 @@ local int = variables.int;
 local number = variables.number;
 local model_path = std.extVar('model');
 local data_dir = std.extVar('data_dir');
-local train_steps = int('train_steps');
+local train_steps = variables.intOr('train_steps', 2000);  // tango.yml: '' = 2000
 local limit = int('limit');
 local lr = number('lr');
 local schedule = {

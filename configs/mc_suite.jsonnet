@@ -1,5 +1,5 @@
-// Evaluate a causal LM (fine-tuned first if train_steps > 0) on a suite of lm-evaluation-harness
-// multiple-choice tasks, each scored and cached in a step of its own.
+// Evaluate a causal LM on a suite of lm-evaluation-harness multiple-choice tasks, each scored and
+// cached in a step of its own; with -D train_steps=N it is first fine-tuned on train_task.
 //
 //   tango run configs/mc_suite.jsonnet -w workspace -D model=/models/smollm2 \
 //       -D tasks=piqa,arc_easy,hellaswag -D task_data_dir=/data/tasks
@@ -9,8 +9,11 @@
 //   tasks          comma-separated lm-eval task, group or tag names        piqa,arc_easy,...,copa
 //   task_data_dir  local data: <dir>/<task>/<split>.jsonl in each task's    "" (the hub)
 //                  own schema; empty = the tasks' hub datasets
+//   data_dir       the official PIQA files (as gpt2_piqa.jsonnet): task piqa   ""
+//                  reads them (a `piqa` step) instead of task_data_dir/piqa
 //   num_fewshot    few-shot examples per context                            0
-//   model, engine, precision, device_count, train_steps, batch_size, lr, seed, validate_every,
+//   train_steps    optimizer steps of fine-tuning first; 0 = evaluate only      0
+//   model, engine, precision, device_count, batch_size, lr, seed, validate_every,
 //   warmup_steps, lr_decay, log_every, limit (documents per task; 0 = all)  as gpt2_piqa.jsonnet
 //   train_task     the task trained on when train_steps > 0 (its training split)   piqa
 //
@@ -19,7 +22,7 @@
 local engines = import 'lib/engines.libsonnet';
 local variables = import 'lib/variables.libsonnet';
 
-local train_steps = variables.int('train_steps');
+local train_steps = variables.intOr('train_steps', 0);  // tango.yml: '' = evaluate only
 local limit = variables.int('limit');
 local num_fewshot = variables.int('num_fewshot');
 local schedule = {
@@ -28,6 +31,7 @@ local schedule = {
   decay: std.extVar('lr_decay'),
 };
 local data_dir = std.extVar('task_data_dir');
+local piqa_dir = std.extVar('data_dir');
 local names = [name for name in std.split(std.extVar('tasks'), ',') if name != ''];
 local model = { type: 'tango_fairscale::causal_lm', model: std.extVar('model') };
 local ref(name) = { type: 'ref', ref: name };
@@ -43,15 +47,20 @@ local precisions = ['auto', '32-true', 'bf16-mixed', '16-mixed', 'bf16-true'];
 assert std.member(precisions, std.extVar('precision')) :
        '-D precision must be one of %s, got "%s"' % [std.join(', ', precisions), std.extVar('precision')];
 
+local official_piqa(name) = name == 'piqa' && piqa_dir != '';
 local task(name) = {
   name: name,
   num_fewshot: num_fewshot,
   [if limit > 0 then 'limit']: limit,
-  [if data_dir != '' then 'data_dir']: data_dir + '/' + name,
+  [if official_piqa(name) then 'dataset']: ref('piqa'),
+  [if data_dir != '' && !official_piqa(name) then 'data_dir']: data_dir + '/' + name,
 };
+local reads_piqa = std.member(names, 'piqa') || (train_steps > 0 && std.extVar('train_task') == 'piqa');
 
 {
   steps: {
+    // The official PIQA files, when -D data_dir names them (lm-eval's piqa task reads them).
+    [if reads_piqa && piqa_dir != '' then 'piqa']: { type: 'tango_fairscale::piqa', data_dir: piqa_dir },
     [if train_steps > 0 then 'trained_model']: {
       type: 'tango_fairscale::train',
       model: model,

@@ -6,21 +6,29 @@
     tango-fairscale run [--rendezvous-timeout SECONDS] CONFIG [tango run options]
     python -m tango_fairscale run ...          (the same; the form torchrun starts with -m)
     tango-fairscale export CHECKPOINT_DIR OUT_DIR
+    tango-fairscale export --run NAME [--step N] -w WORKSPACE OUT_DIR
+    tango-fairscale tiny-model OUT_DIR [--tokenizer SRC]
 
-``results`` prints one row per run of the workspace (or of the named runs): model, engine,
-precision, devices, train steps and the PIQA validation metrics; ``--json`` prints the same as a
-JSON list; ``--plot`` also draws the training loss and validation accuracy curves into a file.
+``results`` prints one row per run of the workspace (or of the named runs): model, tasks and
+``limit``, engine, precision, devices, train steps, timings, then each task's metrics; reruns that
+started no step are folded into the run whose results they reused (with a count). ``--json``
+prints every run as a JSON list; ``--plot`` also draws the training loss and validation curves
+into a file, one per training, labelled by the settings in which they differ.
 ``run`` is ``tango run`` for every process of a job started by ``torchrun`` (or SLURM): rank 0
 runs the Tango steps and the other ranks join its training steps
 (:mod:`tango_fairscale.runtime.launcher`).
 Without launcher variables it is plain ``tango run``. Its exit code is ``tango run``'s.
 ``export`` writes the model of a saved checkpoint (any engine, any number of processes) as a
-Hugging Face directory (:mod:`tango_fairscale.export`), without starting the job.
+Hugging Face directory (:mod:`tango_fairscale.export`), without starting the job: a checkpoint
+directory, a work dir or a training step's result folder (``runs/NAME/trained_model``), or a run's
+newest checkpoint (or step ``N``'s) by the run's name (:mod:`tango_fairscale.results.checkpoints`).
+``tiny-model`` writes a small random GPT-2-shaped model for a first run, offline
+(:mod:`tango_fairscale.model.tiny`).
 
 Problems (no workspace, no runs, an unknown run, nothing to plot, a file suffix matplotlib does
 not write, not a complete checkpoint) are reported in one line on stderr with exit code 2, before
 any work. A run whose records cannot be read is left out of ``results`` with one warning line
-naming it. Only ``run`` and ``export`` import torch.
+naming it. Only ``run``, ``export`` and ``tiny-model`` import torch.
 """
 
 from __future__ import annotations
@@ -63,6 +71,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="write training loss and validation accuracy curves here",
     )
     results.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _add_run(commands)
+    _add_export(commands)
+    _add_tiny_model(commands)
+    return parser
+
+
+def _add_run(commands: argparse._SubParsersAction) -> None:
     run = commands.add_parser(
         "run",
         help="'tango run' on every process of a torchrun / SLURM job",
@@ -85,21 +100,45 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="...",
         help="'tango run' options: -w WORKSPACE, -D name=value, ...",
     )
+
+
+def _add_export(commands: argparse._SubParsersAction) -> None:
     export = commands.add_parser(
         "export",
         help="write a saved (sharded) checkpoint as a Hugging Face model directory",
         description="Consolidate a checkpoint of any engine and number of processes (FairScale "
         "rank files, an FSDP2 distributed checkpoint, ...) into a directory that "
-        "AutoModelForCausalLM.from_pretrained loads, in this process alone.",
+        "AutoModelForCausalLM.from_pretrained loads, in this process alone: "
+        "'export CHECKPOINT_DIR OUT_DIR' or 'export --run NAME [--step N] -w WORKSPACE OUT_DIR'.",
     )
     export.add_argument(
         "checkpoint",
+        nargs="?",
         metavar="CHECKPOINT_DIR",
-        help="a checkpoint (.../checkpoints/stepN), a checkpoints/ directory (its latest) or a "
-        "step's work directory",
+        help="a checkpoint (.../checkpoints/stepN), a checkpoints/ directory (its latest), a "
+        "step's work directory or its result folder (WORKSPACE/runs/NAME/trained_model)",
     )
+    export.add_argument("--run", metavar="NAME", help="the newest checkpoint of this run")
+    export.add_argument("--step", type=int, metavar="N", help="with --run: step N's checkpoint")
+    export.add_argument("-w", "--workspace", metavar="WORKSPACE", help="the run's workspace")
     export.add_argument("out_dir", metavar="OUT_DIR", help="a new (or empty) directory")
-    return parser
+
+
+def _add_tiny_model(commands: argparse._SubParsersAction) -> None:
+    tiny = commands.add_parser(
+        "tiny-model",
+        help="write a small random model for a first run (no hub, no GPU needed)",
+        description="Write a 2-layer GPT-2-shaped model with random weights (150k parameters) "
+        "and a byte-level tokenizer as a Hugging Face directory, for -D model=OUT_DIR.",
+    )
+    tiny.add_argument(
+        "out_dir", metavar="OUT_DIR", help="a new directory (one holding a model is left as is)"
+    )
+    tiny.add_argument(
+        "--tokenizer",
+        metavar="SRC",
+        help="use this tokenizer (hub id or directory) instead of the byte-level one",
+    )
 
 
 def _positive_seconds(text: str) -> float:
@@ -124,6 +163,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run(args)
         if args.command == "export":
             return _export(args)
+        if args.command == "tiny-model":
+            return _tiny_model(args)
     except (ResultsError, CommandError, OSError) as error:
         message = " ".join(str(error).split()) or type(error).__name__
         print(f"{PROG}: error: {message}", file=sys.stderr)
@@ -151,18 +192,55 @@ def _run(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from .results.checkpoints import run_checkpoint, work_dir_of
+
+    if args.run is not None:
+        if args.workspace is None or args.checkpoint is not None:
+            raise CommandError("--run NAME takes -w WORKSPACE and OUT_DIR, not a CHECKPOINT_DIR")
+        source = run_checkpoint(args.workspace, args.run, args.step)
+    elif args.checkpoint is None or args.step is not None or args.workspace is not None:
+        raise CommandError(
+            "give CHECKPOINT_DIR OUT_DIR, or --run NAME [--step N] -w WORKSPACE OUT_DIR"
+        )
+    else:
+        source = work_dir_of(Path(args.checkpoint))
     from .export import CheckpointError, export
 
     try:
-        checkpoint = export(Path(args.checkpoint), Path(args.out_dir))
+        checkpoint = export(source, Path(args.out_dir))
     except CheckpointError as error:
         raise CommandError(str(error)) from None
     print(f"{PROG}: wrote the model of {checkpoint} to {args.out_dir}", file=sys.stderr)
     return 0
 
 
+def _tiny_model(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from tango.common.exceptions import ConfigurationError
+
+    from .model.tiny import holds_model, save_tiny_model
+
+    if holds_model(Path(args.out_dir)):
+        print(f"{PROG}: {args.out_dir} already holds a model; left as it is", file=sys.stderr)
+        return 0
+    try:
+        save_tiny_model(Path(args.out_dir), args.tokenizer)
+    except ConfigurationError as error:
+        raise CommandError(str(error)) from None
+    print(f"{PROG}: wrote a tiny random model to {args.out_dir}", file=sys.stderr)
+    return 0
+
+
 def _results(args: argparse.Namespace) -> int:
-    from .results import check_plot_path, collect_runs, format_table, open_workspace, plot_curves
+    from .results import (
+        check_plot_path,
+        collect_runs,
+        fold_reruns,
+        format_table,
+        open_workspace,
+        plot_curves,
+    )
 
     if args.plot:
         check_plot_path(args.plot)
@@ -182,8 +260,8 @@ def _results(args: argparse.Namespace) -> int:
         print(f"{PROG}: wrote curves of {', '.join(drawn)} to {args.plot}{note}", file=sys.stderr)
     if args.json:
         print(json.dumps([summary.to_json() for summary in summaries], indent=2))
-    else:
-        print(format_table(summaries))
+    else:  # a named run is shown as asked; else reruns that started no step fold into one row
+        print(format_table(summaries if args.runs else fold_reruns(summaries)))
     return 0
 
 

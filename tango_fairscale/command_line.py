@@ -1,5 +1,6 @@
 """Checks a ``tango run`` command line before any work: every ``-D name`` is a variable the config
-reads (else refused with the closest known name), and a local workspace is writable.
+reads (else refused with the closest known name), a local workspace is writable, and every input
+the steps read can be found (:mod:`tango_fairscale.inputs`: all missing ones in one message).
 
 ``tango run`` evaluates the config, then imports ``include_package`` (this package), then builds
 the step graph and opens the workspace, so the package runs :func:`check_tango_run` at import
@@ -49,16 +50,20 @@ class TangoRun:
     ext_vars: list[str]
     workspace: str | None
     settings: str | None
+    overrides: str | None = None
+    step_names: list[str] | None = None
 
 
 def check_tango_run(argv: Sequence[str]) -> None:
     """Refuse (one line) ``tango ARGV`` when it is ``run`` with a ``-D`` name its config does not
-    read, or a local workspace that is not writable; anything else passes."""
+    read, a local workspace that is not writable, or inputs that cannot be found; anything else
+    passes."""
     run = parse_tango_run(argv)
     if run is None:
         return
     check_ext_vars(run)
     check_workspace_writable(run.workspace)
+    check_run_inputs(run)
 
 
 def parse_tango_run(argv: Sequence[str]) -> TangoRun | None:
@@ -84,7 +89,14 @@ def parse_tango_run(argv: Sequence[str]) -> TangoRun | None:
     settings = context.params.get("settings")
     if workspace is None:
         workspace = _settings_workspace(settings)
-    return TangoRun(str(experiment), list(run.params.get("ext_var") or ()), workspace, settings)
+    return TangoRun(
+        str(experiment),
+        list(run.params.get("ext_var") or ()),
+        workspace,
+        settings,
+        run.params.get("overrides"),
+        list(run.params.get("step_names") or ()),
+    )
 
 
 def check_ext_vars(run: TangoRun) -> None:
@@ -98,6 +110,23 @@ def check_ext_vars(run: TangoRun) -> None:
                 f"-D {name} is not a variable of {run.experiment}"
                 f"{did_you_mean(name, sorted(known))} (it reads {', '.join(sorted(known))})"
             )
+
+
+def check_run_inputs(run: TangoRun) -> None:
+    """:func:`~tango_fairscale.inputs.check_inputs` on the config as ``tango run`` reads it (a
+    config that does not evaluate here is left to Tango)."""
+    from tango.common import Params
+
+    from .inputs import check_inputs
+
+    ext_vars = dict(item.split("=", 1) for item in run.ext_vars if "=" in item)
+    try:
+        params = Params.from_file(run.experiment, run.overrides or "", ext_vars).as_dict()
+    except Exception:  # noqa: BLE001  (Tango reports it in its own words)
+        return
+    steps = params.get("steps")
+    if isinstance(steps, dict):
+        check_inputs(steps, run.step_names or None)
 
 
 def config_variables(config: Path) -> tuple[set[str], bool]:

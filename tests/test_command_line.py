@@ -33,7 +33,7 @@ COMMON = {
 
 def test_the_configs_variables_are_found() -> None:
     assert config_variables(GPT2_PIQA) == (COMMON | {"data_dir"}, False)
-    suite = COMMON | {"tasks", "task_data_dir", "num_fewshot", "train_task"}
+    suite = COMMON | {"tasks", "task_data_dir", "num_fewshot", "train_task", "data_dir"}
     assert config_variables(MC_SUITE) == (suite, False)
 
 

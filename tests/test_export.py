@@ -299,3 +299,48 @@ def test_the_command_imports_torch_only_when_exporting() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "CHECKPOINT_DIR OUT_DIR" in result.stdout
+
+
+# --- by run name, and a step's result folder (the workspace of test_results.build_workspace) -----
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory, tiny_model_dir: Path, piqa_dir: Path) -> Path:
+    from test_results import build_workspace
+
+    return build_workspace(tmp_path_factory.getbasetemp(), tiny_model_dir, piqa_dir)
+
+
+def test_export_by_run_name_and_result_folder(workspace: Path, tmp_path: Path, capsys) -> None:
+    """``--run trained`` (its newest checkpoint, step 4), ``--step 4`` and the result folder
+    ``runs/trained/trained_model`` all give the run's trained model."""
+    from safetensors.torch import load_file
+
+    result = workspace / "runs" / "trained" / "trained_model"
+    expected = load_file(result / "model.safetensors")
+    ways = {
+        "run": ["--run", "trained", "-w", workspace],
+        "step": ["--run", "trained", "--step", 4, "-w", workspace],
+        "folder": [result],
+    }
+    for way, arguments in ways.items():
+        code, err = export(capsys, *arguments, tmp_path / way)
+        assert code == 0, err
+        assert "checkpoints/step0000004" in err
+        assert_close_by_key(load_file(tmp_path / way / "model.safetensors"), expected)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--run", "suite"], "run 'suite' has no training step (steps: "),
+        (["--run", "trained", "--step", "2"], "no checkpoint at step 2; it has steps: 4"),
+        (["--run", "nope"], "no run named 'nope' in local://"),
+    ],
+)
+def test_export_by_run_name_refuses_in_one_line(
+    workspace: Path, tmp_path: Path, capsys, arguments: list, message: str
+) -> None:
+    code, err = export(capsys, *arguments, "-w", workspace, tmp_path / "out")
+    assert code == 2 and err.count("\n") == 1 and message in err, err
+    assert not (tmp_path / "out").exists()

@@ -97,3 +97,27 @@ def test_tango_run_refuses_them_before_any_step_starts(
         assert process.returncode != 0, output
         assert any(cases[define] in line for line in output.splitlines()), output[-2000:]
         assert "Starting step" not in output, output[-2000:]
+
+
+def test_mc_suite_evaluates_unless_training_is_asked_for() -> None:
+    """tango.yml's ``train_steps: ""`` is each config's own default: mc_suite evaluates only."""
+    assert "trained_model" not in evaluate(MC_SUITE)["steps"]
+    trained = evaluate(MC_SUITE, train_steps="3")["steps"]["trained_model"]
+    assert trained["train_steps"] == 3
+    main = evaluate(REPO_ROOT / "configs" / "gpt2_piqa.jsonnet")["steps"]["trained_model"]
+    assert main["train_steps"] == 2000
+
+
+def test_the_official_piqa_files_are_read_through_a_piqa_step() -> None:
+    """``-D data_dir`` (the main config's official PIQA files): task piqa reads them, the other
+    tasks keep their ``task_data_dir`` folders; without it there is no ``piqa`` step."""
+    steps = evaluate(
+        MC_SUITE, tasks="piqa,copa", data_dir="/data/piqa", task_data_dir="/data/tasks"
+    )["steps"]
+    assert steps["piqa"] == {"type": "tango_fairscale::piqa", "data_dir": "/data/piqa"}
+    assert steps["scores_piqa"]["task"]["dataset"] == {"type": "ref", "ref": "piqa"}
+    assert "data_dir" not in steps["scores_piqa"]["task"]
+    assert steps["scores_copa"]["task"]["data_dir"] == "/data/tasks/copa"
+    assert "piqa" not in evaluate(MC_SUITE, tasks="piqa,copa")["steps"]
+    trained = evaluate(MC_SUITE, tasks="copa", data_dir="/data/piqa", train_steps="3")["steps"]
+    assert trained["trained_model"]["task"]["dataset"] == {"type": "ref", "ref": "piqa"}

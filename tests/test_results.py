@@ -63,6 +63,8 @@ def _tango_run(
     done = subprocess.run(
         command, cwd=REPO_ROOT, env={**os.environ, **offline}, capture_output=True, text=True
     )
+    # What the terminal showed, for tests of the display (tests/train/test_progress.py).
+    (workspace.parent / f"{name}.out").write_text(done.stdout + done.stderr)
     if (done.returncode != 0) != fails:
         raise RuntimeError(
             f"tango run {name} exited with {done.returncode}:\n{done.stdout[-3000:]}\n"
@@ -498,3 +500,122 @@ def test_importing_results_imports_neither_torch_nor_tango(results_workspace: Pa
         x for x in timed.stderr.splitlines() if x.rstrip().endswith("| tango_fairscale.results")
     )
     assert int(line.split("|")[1]) < 1_000_000  # cumulative microseconds
+
+
+# --- distinct results: reruns folded, curves labelled by what differs, tasks and limit ----------
+
+
+def _with_reruns(results_workspace: Path, tmp_path: Path, count: int = 2) -> Path:
+    """A copy of the workspace where ``trained`` was run ``count`` more times, every step cached
+    (a run directory registered after its steps ran: what a rerun of the same command leaves)."""
+    copy = tmp_path / "workspace"
+    shutil.copytree(results_workspace, copy, symlinks=True)
+    for number in range(1, count + 1):
+        shutil.copytree(copy / "runs" / "trained", copy / "runs" / f"again{number}", symlinks=True)
+    return copy
+
+
+class RunsReader(FakeReader):
+    def __init__(self, runs: list[RunRecord]) -> None:
+        super().__init__(runs[0], {})
+        self._runs = {run.name: run for run in runs}
+
+    def run_names(self) -> list[str]:
+        return list(self._runs)
+
+    def run(self, name: str) -> RunRecord:
+        return self._runs[name]
+
+
+def _run(name: str, registered: float, metrics_id: str, ran: tuple | None) -> RunRecord:
+    """A run registered ``registered`` s after T0 whose train and metrics steps (the latter's id
+    ``metrics_id``) ran at ``ran`` = (start, end) s after T0: before it registered, a rerun."""
+    start, end = ran or (registered + 1, registered + 2)
+    steps = {
+        step: StepRecord(step, uid, start_time=_at(start), end_time=_at(end), config={"type": kind})
+        for step, uid, kind in (
+            ("trained_model", f"train-{metrics_id}", "tango_fairscale::train"),
+            ("metrics", metrics_id, "tango_fairscale::task_metrics"),
+        )
+    }
+    return RunRecord(name, _at(registered), steps, log_end=_at(registered + 3))
+
+
+def test_reruns_that_started_no_step_fold_into_their_original() -> None:
+    from tango_fairscale.results import fold_reruns
+
+    runs = [
+        _run("first", 0, "m1", None),
+        _run("other", 10, "m2", None),
+        _run("again", 20, "m1", (1, 2)),  # every step reused: a rerun of "first"
+        _run("orphan", 30, "m3", (1, 2)),  # a rerun whose original is not in the workspace
+        _run("again2", 40, "m1", (1, 2)),
+    ]
+    summaries = collect_runs(RunsReader(runs))
+    assert [s.wall_time_s for s in summaries] == [1.0, 1.0, 0.0, 0.0, 0.0]
+    folded = fold_reruns(summaries)
+    assert [(s.name, s.reruns) for s in folded] == [
+        ("first", ("again", "again2")),
+        ("other", ()),
+        ("orphan", ()),
+    ]
+    rows = format_table(folded).split("\n\n")[0].splitlines()[2:]
+    assert [row.split("  ")[0] for row in rows] == ["first (+2 reruns)", "other", "orphan"]
+
+
+def test_two_reruns_draw_one_curve(
+    results_workspace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tango_fairscale.results as results
+
+    drawn: list[dict] = []
+    monkeypatch.setattr(results, "draw_curves", lambda curves, path: drawn.append(dict(curves)))
+    copy = _with_reruns(results_workspace, tmp_path)
+    names = plot_curves(copy, ["trained", "again1", "again2", "suite"], tmp_path / "c.png")
+    assert names == ["trained", "again1", "again2"]
+    assert list(drawn[0]) == ["trained"]  # one curve, named by its run: nothing differs
+
+
+def test_curve_labels_name_the_settings_that_differ(results_workspace: Path) -> None:
+    from dataclasses import replace
+
+    from tango_fairscale.results import labels
+
+    trained = collect_runs(results_workspace, ["trained"])[0]
+    runs = [
+        trained,
+        replace(trained, name="sharded", engine="fsdp2", device_count=2),
+        replace(trained, name="slower", lr=1e-4),
+        replace(trained, name="twin", lr=1e-4),
+    ]
+    assert labels(runs) == {
+        "trained": "engine=ddp, devices=1, lr=0.001",
+        "sharded": "engine=fsdp2, devices=2, lr=0.001",
+        "slower": "slower: engine=ddp, devices=1, lr=0.0001",  # shared with twin: name first
+        "twin": "twin: engine=ddp, devices=1, lr=0.0001",
+    }
+    assert labels([trained]) == {"trained": "trained"}
+
+
+def test_the_runs_table_shows_tasks_and_limit(results_workspace: Path) -> None:
+    summaries = {s.name: s for s in collect_runs(results_workspace)}
+    assert (summaries["trained"].task_names, summaries["trained"].limit) == (("piqa",), LIMIT)
+    assert summaries["suite"].task_names == ("piqa", "arc_easy")
+    assert summaries["suite"].limit == SUITE_LIMIT
+    lines = format_table(list(summaries.values())).split("\n\n")[0].splitlines()
+    assert lines[0].split()[4:6] == ["tasks", "limit"]
+    rows = {line.split()[0]: line.split() for line in lines[2:]}
+    assert rows["trained"][5:7] == ["piqa", str(LIMIT)]
+    assert rows["suite"][5:7] == ["piqa,arc_easy", str(SUITE_LIMIT)]
+
+
+def test_wall_time_starts_with_the_process(results_workspace: Path) -> None:
+    """Model loading (before Tango registers the run and starts a step) is wall time too."""
+    reader = open_workspace(results_workspace)
+    for name in ("trained", "suite"):
+        run = reader.run(name)
+        summary = collect_runs(reader, [name])[0]
+        own = [s.record.start_time for s in summary.steps.values() if s.own]
+        assert run.started is not None and own and run.started < min(own)
+        assert run.log_end is not None
+        assert summary.wall_time_s == pytest.approx((run.log_end - run.started).total_seconds())

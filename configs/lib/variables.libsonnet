@@ -10,6 +10,10 @@ local onlyChars(text, allowed) =
     if onlyChars(unsigned, '0123456789') then std.parseInt(text)
     else error '-D %s must be an integer, got "%s"' % [name, text],
 
+  // An integer, or `default` when the value is empty (a default that differs between configs).
+  intOr(name, default)::
+    if std.extVar(name) == '' then default else self.int(name),
+
   number(name)::
     local text = std.extVar(name);
     if onlyChars(text, '0123456789.eE+-') && onlyChars(text[std.length(text) - 1], '0123456789')

@@ -26,6 +26,9 @@ are in :mod:`.fairscale` and :mod:`.transformers`, applied where those libraries
   as its message alone, its traceback kept in the run's log (:mod:`.tango_errors`).
 * Two runs on one local workspace: a step one of them runs is waited for by the other, never run
   twice or failed (:mod:`.tango_locks`).
+* No ``pkg_resources`` warning before every step, one line per finished progress bar
+  (:mod:`.tango_output`).
+* A local run records when its command started, before models were loaded (:mod:`.tango_runs`).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ import inspect
 from collections.abc import Iterator
 from typing import Any
 
-from . import tango_errors, tango_locks
+from . import tango_errors, tango_locks, tango_output, tango_runs
 
 
 def patch_tango_git_metadata() -> None:
@@ -172,6 +175,8 @@ def patch_tango_step_copies() -> None:
 def apply() -> None:
     tango_errors.patch_tango_error_logging()
     tango_locks.patch_tango_step_locks()
+    tango_output.apply()
+    tango_runs.patch_tango_run_start()
     patch_tango_step_copies()
     patch_tango_git_metadata()
     patch_tango_unknown_fields()

@@ -1,4 +1,5 @@
-"""lm-evaluation-harness 0.4.13 without a Jinja compilation per prompt.
+"""lm-evaluation-harness 0.4.13 without a Jinja compilation per prompt, and with its
+request-building progress bars labelled.
 
 lm-eval renders each prompt field of a task (``doc_to_text``, ``doc_to_choice``,
 ``doc_to_target``) with ``lm_eval.utils.apply_template``, which compiles its template string anew
@@ -7,11 +8,18 @@ on every call (an open upstream issue). Building PIQA's 16,113 fine-tuning pairs
 each in-loop validation spent a third of its time there.
 :func:`compile_templates_once` makes lm-eval compile each template string once, in lm-eval's own
 environment (its filters, ``StrictUndefined``): the rendered text is unchanged.
+
+lm-eval draws a bar without a description while it builds a task's requests (``0%| | 0/64``),
+on every rank, past Tango's writer. :func:`label_request_bars` names the task on it
+(``piqa: building requests``), draws it through Tango's ``Tqdm`` (file-friendly logging, the run's
+log) and on the first rank only.
 """
 
 from __future__ import annotations
 
+import contextvars
 import functools
+from typing import Any
 
 #: Distinct template strings kept compiled (a task has a few; a process loads a few tasks).
 TEMPLATES_KEPT = 1024
@@ -36,3 +44,41 @@ def compile_templates_once() -> None:
     apply_template.compiled = compiled  # type: ignore[attr-defined]
     apply_template.original = original  # type: ignore[attr-defined]
     utils.apply_template = apply_template  # type: ignore[assignment]
+
+
+#: The task whose requests lm-eval is building (set around ``Task.build_all_requests``).
+_BUILDING: contextvars.ContextVar[str] = contextvars.ContextVar("building", default="lm-eval")
+
+
+def label_request_bars() -> None:
+    """Give ``lm_eval.api.task``'s bars the task's name and Tango's writer, on rank 0 only."""
+    from lm_eval.api import task as task_module
+
+    build = task_module.Task.build_all_requests
+    if getattr(build, "labels_bars", False):
+        return
+
+    def build_all_requests(self: Any, *args: Any, **kwargs: Any) -> Any:
+        token = _BUILDING.set(str(getattr(self.config, "task", None) or type(self).__name__))
+        try:
+            return build(self, *args, **kwargs)
+        finally:
+            _BUILDING.reset(token)
+
+    build_all_requests.labels_bars = True  # type: ignore[attr-defined]
+    task_module.Task.build_all_requests = build_all_requests  # type: ignore[method-assign]
+    task_module.tqdm = _request_bar  # type: ignore[attr-defined]
+
+
+def _request_bar(*args: Any, **kwargs: Any) -> Any:
+    from tango.common import Tqdm
+
+    kwargs.setdefault("desc", f"{_BUILDING.get()}: building requests")
+    kwargs["disable"] = kwargs.get("disable", False) or not _first_rank()
+    return Tqdm.tqdm(*args, **kwargs)
+
+
+def _first_rank() -> bool:
+    import torch.distributed as dist
+
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0

@@ -1,20 +1,18 @@
-"""Views of run summaries: lm-eval's results as per-task rows, the runs and metrics tables, the
-JSON of a run in lm-eval's shape, and the training and per-task validation curves (matplotlib,
-imported only to draw)."""
+"""Views of run summaries: lm-eval's results as per-task rows, the runs and metrics tables, and the
+JSON of a run in lm-eval's shape."""
 
 from __future__ import annotations
 
 import datetime as dt
 import math
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from . import RunSummary
+    from .summary import RunSummary
 
-__all__ = ["TaskMetrics", "draw_curves", "format_table", "run_json", "task_metrics"]
+__all__ = ["TaskMetrics", "format_table", "run_json", "task_metrics"]
 
 _NOT_METRICS = {"num_examples"}
 # lm-eval's keys of a results JSON, copied into a run's JSON.
@@ -64,13 +62,16 @@ def task_metrics(metrics: Mapping[str, Any] | None) -> list[TaskMetrics]:
 
 
 def format_table(summaries: Sequence[RunSummary]) -> str:
-    """Two aligned plain-text tables: one row per run (configuration, status, timings), then one
-    row per run and task (``value ± stderr`` per metric, examples); ``-`` where nothing applies."""
+    """Two aligned plain-text tables: one row per run (configuration, tasks and ``limit``, status,
+    timings; ``(+N reruns)`` after a run that reruns were folded into), then one row per run and
+    task (``value ± stderr`` per metric, examples); ``-`` where nothing applies."""
     header = [
         "run",
         "status",
         "started",
         "model",
+        "tasks",
+        "limit",
         "engine",
         "precision",
         "devices",
@@ -83,10 +84,12 @@ def format_table(summaries: Sequence[RunSummary]) -> str:
     ]
     rows = [
         [
-            s.name,
+            s.name + _reruns(len(s.reruns)),
             s.status,
             "-" if s.start_date is None else s.start_date.strftime("%Y-%m-%d %H:%M:%S"),
             _shorten(s.model),
+            _tasks(s.task_names),
+            "all" if s.limit is None and s.task_names else _cell(s.limit),
             _cell(s.engine),
             _precision(s),
             _cell(s.device_count),
@@ -99,7 +102,7 @@ def format_table(summaries: Sequence[RunSummary]) -> str:
         ]
         for s in summaries
     ]
-    text = _align([header, *rows], numeric=set(range(6, len(header))))
+    text = _align([header, *rows], numeric={5, *range(8, len(header))})
     per_task = [(s.name, task) for s in summaries for task in s.tasks]
     if not per_task:
         return text
@@ -133,6 +136,8 @@ def run_json(summary: RunSummary) -> dict[str, Any]:
         "batch_size": summary.batch_size,
         "lr": summary.lr,
         "seed": summary.seed,
+        "tasks": list(summary.task_names),
+        "limit": summary.limit,
         "host": summary.host,
     }
     steps = {}
@@ -153,6 +158,7 @@ def run_json(summary: RunSummary) -> dict[str, Any]:
         "wall_time_s": summary.wall_time_s,
         "train_time_s": summary.train_time_s,
         "training_log": summary.training_log,
+        "reruns": list(summary.reruns),
         "config": config,
         "steps": steps,
         "metrics": None,
@@ -164,70 +170,6 @@ def run_json(summary: RunSummary) -> dict[str, Any]:
         lm_config = lm_eval.get("config")
         data["config"] = {**(lm_config if isinstance(lm_config, dict) else {}), **config}
     return _json_safe(data)
-
-
-def plot_formats() -> list[str]:
-    """The file suffixes (without the dot) that :func:`draw_curves` writes, as matplotlib says."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    return sorted(FigureCanvasAgg.get_supported_filetypes())
-
-
-def draw_curves(
-    curves: Mapping[str, Sequence[Mapping[str, Any]]], path: str | os.PathLike[str]
-) -> None:
-    """Draw ``train_loss`` and each task's validation metrics of each run's log records."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
-
-    series = {run: _validation(records) for run, records in curves.items()}
-    tasks = list(dict.fromkeys(task for per_run in series.values() for task in per_run))
-    columns = min(3, 1 + max(1, len(tasks)))
-    rows = math.ceil((1 + max(1, len(tasks))) / columns)
-    figure = Figure(figsize=(4.6 * columns, 3.8 * rows), layout="constrained")
-    FigureCanvasAgg(figure)
-    axes = list(figure.subplots(rows, columns, squeeze=False).flat)
-    loss_axes, task_axes = axes[0], dict(zip(tasks, axes[1:], strict=False))
-    for index, (run, records) in enumerate(curves.items()):
-        color = f"C{index % 10}"
-        steps, losses = _series(records, "train_loss")
-        if steps:
-            loss_axes.plot(steps, losses, marker="o", markersize=3, color=color, label=run)
-        for task, metrics in series[run].items():
-            for position, metric in enumerate(metrics):
-                steps, values = _series(records, metrics[metric])
-                style = {"acc": "-", "acc_norm": "--"}.get(metric, ("-.", ":")[position % 2])
-                task_axes[task].plot(
-                    steps,
-                    values,
-                    style,
-                    marker="o",
-                    markersize=3,
-                    color=color,
-                    label=f"{run} ({metric})",
-                )
-                _, stderrs = _series(records, metrics[metric] + "_stderr")
-                if position == 0 and len(stderrs) == len(values):  # one band per run and task
-                    low = [v - e for v, e in zip(values, stderrs, strict=True)]
-                    high = [v + e for v, e in zip(values, stderrs, strict=True)]
-                    task_axes[task].fill_between(steps, low, high, color=color, alpha=0.12)
-    loss_axes.set(title="Training loss", xlabel="optimizer step", ylabel="train loss")
-    for task, task_axis in task_axes.items():
-        task_axis.set(title=f"{task} (validation)", xlabel="optimizer step", ylabel="metric")
-    for axis in axes[1 + len(tasks) :]:
-        axis.set_axis_off()
-    if not tasks:
-        axes[1].set_axis_on()
-        axes[1].text(
-            0.5, 0.5, "no validation logged", ha="center", va="center", transform=axes[1].transAxes
-        )
-    for axis in axes[: 1 + len(tasks)]:
-        axis.grid(True, alpha=0.3)
-        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
-        if axis.get_lines():
-            axis.legend(fontsize="small")
-    figure.savefig(os.fspath(path), dpi=120)
 
 
 # --- internals ---------------------------------------------------------------------------------
@@ -262,26 +204,6 @@ def _lm_eval_rows(lm_eval: Mapping[str, Any]) -> list[TaskMetrics]:
     return rows
 
 
-def _validation(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, str]]:
-    """``{task: {metric: log key}}`` of the validation metrics in the records: ``val_<task>/<m>``,
-    or ``val_<m>`` as task ``validation`` in logs without per-task keys."""
-    keys = list(
-        dict.fromkeys(key for record in records for key in record if key.startswith("val_"))
-    )
-    per_task = [k for k in keys if "/" in k]
-    found: dict[str, dict[str, str]] = {}
-    for key in per_task or keys:
-        task, _, metric = key[len("val_") :].rpartition("/")
-        if not metric.endswith("_stderr") and metric not in _NOT_METRICS:
-            found.setdefault(task or "validation", {})[metric] = key
-    return found
-
-
-def _series(records: Sequence[Mapping[str, Any]], key: str) -> tuple[list[int], list[float]]:
-    pairs = [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))]
-    return [p[0] for p in pairs], [p[1] for p in pairs]
-
-
 def _align(rows: list[list[str]], numeric: set[int]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = []
@@ -294,6 +216,17 @@ def _align(rows: list[list[str]], numeric: set[int]) -> str:
         if index == 0:
             lines.append("  ".join("-" * width for width in widths))
     return "\n".join(lines)
+
+
+def _reruns(count: int) -> str:
+    return "" if count == 0 else f" (+{count} rerun{'s' if count > 1 else ''})"
+
+
+def _tasks(names: Sequence[str]) -> str:
+    if not names:
+        return "-"
+    text = ",".join(names)
+    return text if len(text) <= 30 else f"{','.join(names[:2])},… ({len(names)})"
 
 
 def _precision(summary: RunSummary) -> str:

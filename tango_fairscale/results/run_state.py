@@ -94,8 +94,14 @@ def run_status(
 
 
 def wall_time(run: RunRecord, statuses: Mapping[str, StepStatus]) -> float | None:
-    """Seconds from the first start to the last end of the steps this run executed itself (a
-    running step: until now); 0 when it reused every result, ``None`` when it ran nothing."""
+    """Seconds from the start of the run's ``tango run`` process (before Tango built its steps
+    and their models) to the last write of its log (running: until now), when both are known.
+    Else from the first start to the last end of the steps this run executed itself (a running
+    step: until now); 0 when it reused every result, ``None`` when it ran nothing."""
+    if run.started is not None and run.log_end is not None:
+        running = any(s.state == "running" for s in statuses.values())
+        end = dt.datetime.now(dt.timezone.utc) if running else run.log_end
+        return max(0.0, (end - run.started).total_seconds())
     own = [s.record for s in statuses.values() if s.own]
     starts = [r.start_time for r in own if r.start_time is not None]
     ends = [r.end_time or dt.datetime.now(dt.timezone.utc) for r in own]

@@ -22,11 +22,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from .files import NotPlainJson, read_json
 from .step_infos import RefusedGlobal, StepRecord, load_step_info, record
 
 __all__ = ["ResultsError", "RunRecord", "StepRecord", "WorkspaceReader", "open_reader"]
 
 _LOG = "out.log"
+_STARTED = "started.json"
 _FAILED_LINE = re.compile(r'✗ Step "(?P<name>[^"]+)" failed')
 _TIMESTAMP = re.compile(r"^\[\d\d/\d\d/\d\d \d\d:\d\d:\d\d\]")
 _JSON_FORMATS = {"tango.format.JsonFormat", "json"}
@@ -48,7 +50,8 @@ class RunRecord:
     """A registered run: its start (Tango's ``Run.start_date``: naive local time) and steps.
 
     ``log_end`` is when the run's own log (``runs/<name>/out.log``) was last written, when the
-    workspace keeps one: a step that started after it was run again by a later run.
+    workspace keeps one: a step that started after it was run again by a later run. ``started``
+    is when its ``tango run`` process started, when recorded (``runs/<name>/started.json``).
     """
 
     name: str
@@ -56,6 +59,7 @@ class RunRecord:
     steps: dict[str, StepRecord]
     log_end: dt.datetime | None = None
     log_path: Path | None = field(default=None, compare=False)
+    started: dt.datetime | None = None
 
 
 class WorkspaceReader:
@@ -118,7 +122,8 @@ class LocalReader(WorkspaceReader):
         log = run_dir / _LOG
         log_end = _mtime(log) if log.is_file() else None
         start = dt.datetime.fromtimestamp(run_dir.stat().st_ctime)  # as LocalWorkspace does
-        return RunRecord(name, start, steps, log_end, log if log.is_file() else None)
+        log_path = log if log.is_file() else None
+        return RunRecord(name, start, steps, log_end, log_path, _started(run_dir))
 
     def result(self, run: RunRecord, step_name: str) -> Any:
         step = run.steps[step_name]
@@ -130,8 +135,8 @@ class LocalReader(WorkspaceReader):
         format_ = metadata.get("format") or {}
         if format_.get("type") in _JSON_FORMATS and format_.get("compress") in _SUFFIXES:
             try:
-                return _read_json(directory, _SUFFIXES[format_.get("compress")])
-            except _NotPlainJson:
+                return read_json(directory, _SUFFIXES[format_.get("compress")])
+            except NotPlainJson:
                 pass
         return _tango_workspace(self.url).step_result_for_run(run.name, step_name)
 
@@ -193,7 +198,7 @@ class TangoReader(WorkspaceReader):
         log = run_dir(name) / _LOG if callable(run_dir) else None
         if log is None or not log.is_file():
             return RunRecord(run.name, run.start_date, steps)
-        return RunRecord(run.name, run.start_date, steps, _mtime(log), log)
+        return RunRecord(run.name, run.start_date, steps, _mtime(log), log, _started(log.parent))
 
     def result(self, run: RunRecord, step_name: str) -> Any:
         try:
@@ -288,42 +293,6 @@ def _step_info(unique_id: str, data: bytes, database: Path) -> Any:
 # --- files --------------------------------------------------------------------------------------
 
 
-class _NotPlainJson(Exception):
-    """The JSON encodes dataclasses, which only Tango's JsonFormat rebuilds."""
-
-
-def _dataclass_hook(obj: dict[str, Any]) -> dict[str, Any]:
-    if "_dataclass" in obj:
-        raise _NotPlainJson
-    return obj
-
-
-def _read_json(directory: Path, suffix: str) -> Any:
-    """What ``JsonFormat.read`` returns (an iterator's items as a list)."""
-    single, lines = directory / f"data.json{suffix}", directory / f"data.jsonl{suffix}"
-    path = single if single.exists() or not lines.exists() else lines
-    with _open_text(path) as file:
-        if path == single:
-            return json.load(file, object_hook=_dataclass_hook)
-        return [json.loads(line, object_hook=_dataclass_hook) for line in file if line.strip()]
-
-
-def _open_text(path: Path) -> Any:
-    if path.name.endswith(".gz"):
-        import gzip
-
-        return gzip.open(path, "rt")
-    if path.name.endswith(".bz2"):
-        import bz2
-
-        return bz2.open(path, "rt")
-    if path.name.endswith(".xz"):
-        import lzma
-
-        return lzma.open(path, "rt")
-    return path.open()
-
-
 def _local_dirs(location: str | None) -> list[Path]:
     if not location:
         return []
@@ -331,6 +300,17 @@ def _local_dirs(location: str | None) -> list[Path]:
     if parsed.scheme in ("file", "local"):
         return [Path(parsed.path)]
     return [Path(location)] if parsed.scheme == "" else []
+
+
+def _started(run_dir: Path) -> dt.datetime | None:
+    """When the run's process started (``started.json``, written by ``compat/tango_runs.py``)."""
+    try:
+        started = dt.datetime.fromisoformat(
+            json.loads((run_dir / _STARTED).read_text())["process_start"]
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return started if started.tzinfo is not None else None
 
 
 def _mtime(path: Path) -> dt.datetime:

@@ -21,7 +21,7 @@ from tango.common.exceptions import ConfigurationError
 
 from .. import compat  # noqa: F401  (Tango fixes)
 from ..checks import boolean, did_you_mean, one_line, positive_int, reason, text
-from ..compat.lm_eval import compile_templates_once
+from ..compat.lm_eval import compile_templates_once, label_request_bars
 from ..records.fingerprint import local_fingerprint
 from .documents import (
     BadAnswer,
@@ -214,6 +214,7 @@ def load_tasks(spec: TaskSpec, *, training: bool = False) -> TaskDict:
     false`` such documents are left out, logged and counted: ``loaded["skipped_documents"]`` is
     ``{task: count}`` (absent when none is)."""
     compile_templates_once()
+    label_request_bars()
     manager, item, documents = _source(spec)
     if documents is not None:
         return _load_local(manager, item, documents, spec, training)

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from tango.common import Tqdm
+from tango.common.logging import cli_logger
 from tango.integrations.torch import StopEarly
 
 from ..data.batches import training_batch
@@ -30,6 +30,7 @@ from .checkpoints import CheckpointPolicy, TrainingStopped, resume, resume_hint,
 from .guards import NonFiniteGuard, any_rank
 from .log import TRAINING_LOG, TrainingLog
 from .meter import Throughput
+from .progress import TrainingBar
 
 logger = logging.getLogger(__name__)
 
@@ -89,17 +90,12 @@ class TrainingRun:
             model.model.config.get_text_config().vocab_size,
         )
         self.preemption = Preemption(plan.preemption_signal)
+        self.bar = TrainingBar(self.start, config.train_steps, self.is_main)
         self.unread: StepLoss | None = None  # the previous step's loss, on its way to the host
 
     def steps(self) -> Any:
-        """The steps left, under a progress bar on rank 0 (tqdm's rate and remaining time)."""
-        return Tqdm.tqdm(
-            range(self.start, self.config.train_steps),
-            desc="Training",
-            initial=self.start,
-            total=self.config.train_steps,
-            disable=not self.is_main,
-        )
+        """The steps left, under the progress bar on rank 0 (:class:`.progress.TrainingBar`)."""
+        return self.bar
 
     def epoch(self, step: int) -> int:
         return step // self.schedule.steps_per_epoch
@@ -127,6 +123,7 @@ class TrainingRun:
         self.unread = StepLoss(step + 1, loss)
         for batch in batches:
             self.throughput.count(batch)
+        self.bar.stepped(step + 1)
         if self.callbacks:
             self.callbacks.call("post_batch", step, self.epoch(step), self.unread.value(), outputs)
 
@@ -150,7 +147,7 @@ class TrainingRun:
         mean_loss, tokens = _reduce_over_ranks(loss, self.throughput.tokens)
         figures = self.throughput.report(tokens)
         self.log.write({"step": done, "train_loss": mean_loss, "lr": lr, **figures})
-        self._progress_figures = {"loss": f"{mean_loss:.4f}", **_brief_figures(figures)}
+        self.bar.show(mean_loss, lr, figures)
         self.callbacks.call("log_batch", done - 1, self.epoch(done - 1), mean_loss, outputs)
         if preempted:
             self.checkpoint(done)
@@ -165,9 +162,15 @@ class TrainingRun:
         (``val_<task>/<metric>``) and call ``post_val_loop``; whether a callback stops the run."""
         metrics = validate(self.engine, self.evaluator, self.validation)
         self.log.write({"step": done, **{f"val_{k}": v for k, v in metrics.items()}})
-        if self.is_main:
-            logger.info("step %d: validation %s", done, _brief(metrics))
+        if self.is_main:  # at Tango's default log level, as the final metrics are
+            cli_logger.info(
+                "step %d/%d validation: %s",
+                done,
+                self.config.train_steps,
+                describe_validation(metrics),
+            )
         self.throughput.skip()
+        self.bar.skip()
         value = metrics.get(self.plan.val_metric or _first_metric(metrics))
         if not isinstance(value, (int, float)):
             return False
@@ -187,6 +190,7 @@ class TrainingRun:
             extra["callbacks"] = self.callbacks.state_dict()
         save_checkpoint(self.engine, self.checkpoints, done, self.is_main, extra)
         self.throughput.skip()
+        self.bar.skip()
 
     def finish(self, step: int) -> None:
         """``post_train_loop``, then the consolidated model for the launching process."""
@@ -277,19 +281,23 @@ def _first_metric(metrics: dict[str, Any]) -> str:
     return next((key for key in metrics if "/" in key and "stderr" not in key), "")
 
 
-def _brief(metrics: dict[str, Any]) -> str:
-    shown = [
-        f"{key} {value:.4f}"
-        for key, value in metrics.items()
-        if "/" in key and isinstance(value, float) and "stderr" not in key
-    ]
-    return ", ".join(shown)
-
-
-def _brief_figures(figures: dict[str, Any]) -> dict[str, str]:
-    shown = {"tok/s": f"{figures['tokens_per_s']:,.0f}"}
-    if "mfu" in figures:
-        shown["mfu"] = f"{figures['mfu']:.1%}"
-    if "peak_memory_gib" in figures:
-        shown["mem"] = f"{figures['peak_memory_gib']:.1f}G"
-    return shown
+def describe_validation(metrics: dict[str, Any]) -> str:
+    """``task: metric value ± stderr, ... (N examples); task: ...`` of a validation's flat
+    summary (:func:`~tango_fairscale.evaluation.harness.summary`)."""
+    tasks: dict[str, list[str]] = {}
+    examples: dict[str, Any] = {}
+    for key, value in metrics.items():
+        task, _, metric = key.rpartition("/")
+        if not task or metric.endswith("_stderr") or not isinstance(value, (int, float)):
+            continue
+        if metric == "num_examples":
+            examples[task] = value
+            continue
+        stderr = metrics.get(f"{key}_stderr")
+        spread = f" ± {stderr:.4f}" if isinstance(stderr, (int, float)) else ""
+        tasks.setdefault(task, []).append(f"{metric} {value:.4f}{spread}")
+    return "; ".join(
+        f"{task}: {', '.join(shown)}"
+        + (f" ({examples[task]} examples)" if task in examples else "")
+        for task, shown in tasks.items()
+    )

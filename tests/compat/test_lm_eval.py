@@ -51,3 +51,12 @@ def test_each_template_is_compiled_once_and_keeps_lm_evals_rules() -> None:
     assert (compiled.cache_info().misses, compiled.cache_info().hits) == (1, 49)
     with pytest.raises(jinja2.UndefinedError):
         utils.apply_template("{{ missing }}", {"goal": "x"})
+
+
+def test_request_building_bars_name_their_task(capsys: pytest.CaptureFixture[str]) -> None:
+    spec = TaskSpec(name="piqa", data_dir=str(FIXTURES / DATA_DIR["piqa"]))
+    task = load_tasks(spec)["tasks"]["piqa"]
+    capsys.readouterr()
+    task.build_all_requests(limit=4, rank=0, world_size=1)
+    err = capsys.readouterr().err
+    assert "piqa: building requests: 100%" in err and "\r  0%" not in err

@@ -1,0 +1,28 @@
+"""A local run records when its ``tango run`` process started (``compat/tango_runs.py``)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+from pathlib import Path
+
+from tango import Step
+from tango.workspaces import LocalWorkspace
+
+import tango_fairscale.compat  # noqa: F401  (applies the fixes)
+from tango_fairscale.compat.tango_runs import STARTED, process_start
+
+
+class _Nothing(Step):
+    def run(self) -> int:  # type: ignore[override]
+        return 1
+
+
+def test_a_registered_run_holds_its_process_start(tmp_path: Path) -> None:
+    workspace = LocalWorkspace(tmp_path)
+    run = workspace.register_run([_Nothing(step_name="nothing")], "named")
+    recorded = json.loads((workspace.run_dir(run.name) / STARTED).read_text())
+    started = dt.datetime.fromisoformat(recorded["process_start"]).timestamp()
+    assert abs(started - process_start()) < 1e-3 and started <= time.time()
+    assert time.time() - started < 24 * 3600  # this test process's start, not the boot's
