@@ -6,8 +6,8 @@ The layouts are :class:`~.rank_files.RankFiles` (``ddp``, ``pipe``, ``fairscale`
 that reads a checkpoint (:mod:`tango_fairscale.records.checkpoints`).
 
 Saving is :meth:`CheckpointFormat.take` (this rank's state, on the calling thread) then
-:meth:`CheckpointFormat.write` (its files and their records), so that a writer may one day run
-in the background on a host copy of what ``take`` returned.
+:meth:`CheckpointFormat.write` (its files and their records), which a format without collectives
+in its writes (``background``) lets a thread run on a host copy of what ``take`` returned.
 """
 
 from __future__ import annotations
@@ -69,6 +69,9 @@ class CheckpointFormat(ABC):
 
     #: The name a manifest records, by which export finds the format.
     name: ClassVar[str]
+    #: Whether :meth:`write` runs no collective, so that a thread may run it while training
+    #: goes on (:class:`~tango_fairscale.train.checkpoints.BackgroundWriter`).
+    background: ClassVar[bool] = False
 
     # --- saving: every rank -----------------------------------------------------------------------
 

@@ -45,6 +45,7 @@ class RankFiles(CheckpointFormat):
     ``reshards``: a checkpoint loads on another number of processes."""
 
     name = "rank-files"
+    background = True
 
     def __init__(self, sharded: bool = False, reshards: bool = True) -> None:
         self.sharded, self.reshards = sharded, reshards

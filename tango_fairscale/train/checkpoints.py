@@ -3,11 +3,15 @@ files match its manifest (the directory protocol: :mod:`tango_fairscale.records.
 
 Each rank writes its part through the engine's checkpoint format (a shard, or nothing for a
 replica); rank 0 writes the manifest, renames the directory into place and prunes old ones.
+:class:`BackgroundWriter` does the same on a thread while training goes on, for the formats whose
+writes need no collective (rank files: ``ddp``, ``fairscale``, ``pipe``).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,18 +19,23 @@ from typing import Any
 import torch
 from tango.common.exceptions import ConfigurationError
 
+from ..parallel.checkpoint_format import save_model_files
 from ..parallel.engine import Engine
+from ..parallel.host_copy import HostCopier
 from ..records.checkpoints import (
     LATEST,
     CheckpointError,
     DamagedCheckpoint,
+    FileRecord,
     Identity,
+    Manifest,
     NoManifest,
     clear_partials,
     commit,
     complete_checkpoints,
     partial_dir,
     step_name,
+    write_manifest,
 )
 from ..runtime.process_group import barrier
 
@@ -77,6 +86,133 @@ def save_checkpoint(
     if is_main:
         commit(partial, policy.keep)
     barrier()
+
+
+class BackgroundWriter:
+    """A run's checkpoints written by a thread while training goes on, at most one in flight.
+
+    :meth:`save` waits for the previous checkpoint, copies this rank's state to host memory
+    (queued on the GPU: the loop does not wait for it) and starts a thread that writes its files
+    into ``.partial-stepN``. Every rank's thread then leaves its file records beside them; rank
+    0's thread waits for every rank's, writes the manifest and commits (rename, ``latest``,
+    pruning), with no collective: the loop's own collectives go on undisturbed. A kill at any
+    moment leaves ``.partial-`` files that are never read. A failed write is raised on the rank
+    that failed at its next :meth:`check` or :meth:`save` (rank 0 too: it waits for the records),
+    as :class:`TrainingStopped`. Formats whose writes are collective save synchronously."""
+
+    def __init__(self, engine: Engine, policy: CheckpointPolicy, timeout_s: float) -> None:
+        self.engine, self.policy, self.timeout_s = engine, policy, timeout_s
+        self.rank = engine.train_config.worker_id
+        self.world_size = engine.train_config.world_size
+        self.copier = HostCopier()
+        self.thread: threading.Thread | None = None
+        self.failure: tuple[int, str] | None = None
+
+    def save(self, step: int, extra: dict | None = None, wait: bool = False) -> None:
+        """Start writing step ``step``'s checkpoint (call on every rank); ``wait``: return once it
+        is committed (call on every rank: the ranks meet in a barrier)."""
+        self.wait()
+        engine, fmt = self.engine, self.engine.checkpoint_format
+        if not fmt.background:
+            save_checkpoint(engine, self.policy, step, self.rank == 0, extra)
+            return
+        client_state = {**(extra or {}), "step": step, "rng": torch.get_rng_state()}
+        identity = Identity(self.policy.run_id, step, self.world_size)
+        snapshot, ready = self.copier.copy(fmt.take(engine, client_state, identity))
+        self.thread = threading.Thread(
+            target=self._write,
+            args=(snapshot, ready, identity),
+            name=f"checkpoint-{step_name(step)}",
+            daemon=True,  # a kill or a crash leaves a .partial- directory, never read
+        )
+        self.thread.start()
+        if wait:
+            self.wait()
+            barrier()
+
+    def check(self) -> None:
+        """Raise the failure of a finished write, if any (without waiting)."""
+        if self.thread is not None and not self.thread.is_alive():
+            self.wait()
+
+    def wait(self, timeout_s: float | None = None) -> None:
+        """Wait for the write in flight (on this rank; rank 0: its commit too); raise its
+        failure as :class:`TrainingStopped`."""
+        if self.thread is not None:
+            self.thread.join(timeout_s)
+            if self.thread.is_alive():
+                return
+            self.thread = None
+        if self.failure is not None:
+            step, detail = self.failure
+            self.failure = None
+            raise TrainingStopped(
+                f"writing checkpoint {step_name(step)} failed ({detail}); "
+                f"{resume_hint(self.policy.directory)} once it can be written"
+            )
+
+    def settle(self) -> None:
+        """On the way out of a failed run: let the write in flight finish (within the timeout)
+        and log, not raise, its failure."""
+        try:
+            self.wait(self.timeout_s)
+        except TrainingStopped as error:
+            logger.warning("%s", error)
+
+    def _write(self, snapshot: Any, ready: Any, identity: Identity) -> None:
+        partial = partial_dir(self.policy.directory, identity.step)
+        fmt = self.engine.checkpoint_format
+        try:
+            if ready is not None:
+                ready.synchronize()
+            partial.mkdir(parents=True, exist_ok=True)
+            records = fmt.write(snapshot, partial, self.rank)
+            if self.rank == 0:
+                records.update(save_model_files(self.engine.wrapped_model, partial))
+                files = {**records, **self._other_ranks_records(partial, identity)}
+                write_manifest(partial, Manifest(fmt.name, identity, files))
+                commit(partial, self.policy.keep)
+            else:
+                _leave(partial / _records_name(self.rank), Manifest(fmt.name, identity, records))
+        except Exception as error:  # noqa: BLE001 - a full disk, a lost mount, another rank's
+            self.failure = (identity.step, str(error) or type(error).__name__)
+            if self.rank != 0:  # rank 0 must not wait for records that never come
+                failed = partial / _records_name(self.rank, failed=True)
+                _leave_text(failed, self.failure[1])
+
+    def _other_ranks_records(self, partial: Path, identity: Identity) -> dict[str, FileRecord]:
+        """Every other rank's file records, as each rank's thread leaves them beside its files."""
+        files: dict[str, FileRecord] = {}
+        deadline = time.monotonic() + self.timeout_s
+        for rank in range(1, self.world_size):
+            path, failed = partial / _records_name(rank), partial / _records_name(rank, True)
+            while not path.exists():
+                if failed.exists():
+                    raise OSError(f"rank {rank}: {failed.read_text()}")
+                if time.monotonic() > deadline:
+                    raise OSError(f"rank {rank} wrote no checkpoint files in {self.timeout_s:g} s")
+                time.sleep(0.02)
+            part = Manifest.from_json(path.read_text())
+            if part.identity != identity:
+                raise OSError(f"rank {rank} wrote checkpoint {part.identity}, not {identity}")
+            files.update(part.files)
+            path.unlink()
+        return files
+
+
+def _records_name(rank: int, failed: bool = False) -> str:
+    return f".rank{rank}.{'failed' if failed else 'records'}.json"
+
+
+def _leave(path: Path, manifest: Manifest) -> None:
+    _leave_text(path, manifest.to_json())
+
+
+def _leave_text(path: Path, text: str) -> None:
+    """Write ``path`` whole or not at all (rank 0 reads it as soon as it exists)."""
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(text)
+    temporary.replace(path)
 
 
 def resume(engine: Engine, checkpoints: Path, is_main: bool) -> dict[str, Any]:

@@ -137,6 +137,9 @@ def train(engine: Engine, plan: TrainPlan) -> None:
                 run.callbacks.call("post_epoch", step, epoch)
             if stop:
                 break
+    except Exception:  # a checkpoint in flight is committed if it can be (not on a 2nd Ctrl-C)
+        run.writer.settle()
+        raise
     finally:
         run.preemption.restore()
     run.finish(step)

@@ -26,7 +26,7 @@ from ..runtime.process_group import barrier
 from ..runtime.signals import Preemption
 from ..tasks.lm_eval import load_tasks
 from .callbacks import Callbacks
-from .checkpoints import CheckpointPolicy, TrainingStopped, resume, resume_hint, save_checkpoint
+from .checkpoints import BackgroundWriter, CheckpointPolicy, TrainingStopped, resume, resume_hint
 from .guards import NonFiniteGuard, any_rank
 from .log import TRAINING_LOG, TrainingLog
 from .meter import Throughput
@@ -74,6 +74,7 @@ class TrainingRun:
         self.checkpoints = CheckpointPolicy(
             plan.checkpoints, plan.run_id or run_id(plan.checkpoints), plan.keep_checkpoints
         )
+        self.writer = BackgroundWriter(engine, self.checkpoints, plan.collective_timeout_s)
         resumed = resume(engine, plan.checkpoints, self.is_main)
         self.start = int(resumed.get("step", 0))
         if self.start:
@@ -143,6 +144,7 @@ class TrainingRun:
         assert self.unread is not None
         self.guard.observe(done, self.unread.value())
         self.unread = None
+        self.writer.check()
         preempted = any_rank(self.preemption.received, self.engine.device)
         mean_loss, tokens = _reduce_over_ranks(loss, self.throughput.tokens)
         figures = self.throughput.report(tokens)
@@ -150,7 +152,7 @@ class TrainingRun:
         self.bar.show(mean_loss, lr, figures)
         self.callbacks.call("log_batch", done - 1, self.epoch(done - 1), mean_loss, outputs)
         if preempted:
-            self.checkpoint(done)
+            self.checkpoint(done, wait=True)
             received = self.preemption.signal
             how = "interrupted" if received == signal.SIGINT else "preempted"
             raise TrainingStopped(
@@ -184,16 +186,21 @@ class TrainingRun:
             self.engine.model.train()
         return False
 
-    def checkpoint(self, done: int) -> None:
+    def checkpoint(self, done: int, wait: bool = False) -> None:
+        """Start writing the checkpoint after ``done`` steps (:class:`.checkpoints.
+        BackgroundWriter`); ``wait``: until it is committed."""
         extra: dict[str, Any] = {"best_val_metric": self.best}
         if self.callbacks:
             extra["callbacks"] = self.callbacks.state_dict()
-        save_checkpoint(self.engine, self.checkpoints, done, self.is_main, extra)
+        self.writer.save(done, extra, wait=wait)
         self.throughput.skip()
         self.bar.skip()
 
     def finish(self, step: int) -> None:
-        """``post_train_loop``, then the consolidated model for the launching process."""
+        """The last checkpoint committed, ``post_train_loop``, then the consolidated model for the
+        launching process."""
+        self.writer.wait()
+        barrier()
         self.preemption.restore()
         self.callbacks.call("post_train_loop", step, self.epoch(step))
         export_final_weights(self.engine, self.config.work_dir / FINAL_WEIGHTS, self.is_main)

@@ -23,6 +23,9 @@ import pytest
 #: Optimizer steps of a parity run (clipping is active from the first; validated after the last).
 STEPS = 10
 
+#: Each GPT-2 block its own sharding unit (the default makes the tiny models' blocks none).
+BLOCKS = [r"model\.transformer\.h\.[0-9]+"]
+
 
 @dataclass
 class RunSpec:

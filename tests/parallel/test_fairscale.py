@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 from conftest import assert_same_run, train_in, train_tiny
-from helpers.parity import DDP, RunSpec, define, run_param, trains
+from helpers.parity import BLOCKS, DDP, RunSpec, define, run_param, trains
 from tango.common.exceptions import ConfigurationError
 
 from tango_fairscale.model.causal_lm import ModelWrapper
@@ -22,7 +22,10 @@ def fairscale_run(name: str, world_size: int = 2, **sharding) -> str:
     return define(f"fairscale/{name}", RunSpec("fairscale", world_size, engine_params=params))
 
 
-PER_BLOCK = define("fairscale/per-block", RunSpec("fairscale", 2, engine_params={"sharding": {}}))
+PER_BLOCK = define(
+    "fairscale/per-block",
+    RunSpec("fairscale", 2, engine_params={"sharding": {"modules_to_wrap": BLOCKS}}),
+)
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import assert_same_run, assert_same_training, train_in
-from helpers.parity import DDP, DDP_20, RunSpec, define, run_param, trains
+from helpers.parity import BLOCKS, DDP, DDP_20, RunSpec, define, run_param, trains
 
 
 def fsdp2_run(name: str, world_size: int = 2, **params) -> str:
@@ -22,7 +22,7 @@ def fsdp2_run(name: str, world_size: int = 2, **params) -> str:
         run_param(name, name, DDP, id=name.split("/")[1], slow=index > 0)
         for index, name in enumerate(
             [
-                fsdp2_run("per-block", sharding={}),
+                fsdp2_run("per-block", sharding={"modules_to_wrap": BLOCKS}),
                 fsdp2_run(
                     "checkpointing+offload",
                     sharding={"activation_checkpointing": True, "cpu_offload": True},

@@ -11,6 +11,7 @@ from tango_fairscale.parallel.sharding import (
     check_tied_parameters,
     default_unit_patterns,
     select_modules,
+    selected_units,
 )
 
 
@@ -22,6 +23,28 @@ def model(tiny_model_dir) -> ModelWrapper:
 def test_default_units_are_the_transformer_blocks(model) -> None:
     units = select_modules(model, default_unit_patterns(model), "modules_to_wrap")
     assert units == ["model.transformer.h.0", "model.transformer.h.1"]
+
+
+BLOCK_NAMES = ["model.transformer.h.0", "model.transformer.h.1"]
+
+
+@pytest.mark.parametrize(
+    ("sharding", "min_params", "units"),
+    [
+        ({}, "default", []),  # the tiny model's blocks are far below the threshold: one unit
+        ({}, 1, BLOCK_NAMES),  # blocks at least the threshold: each its own unit
+        ({"activation_checkpointing": True}, "default", BLOCK_NAMES),  # checkpointed: units
+        ({"modules_to_wrap": [r"model\.transformer\.h\.0"]}, 1, ["model.transformer.h.0"]),
+    ],
+)
+def test_the_default_units_depend_on_block_size(
+    model, monkeypatch, sharding, min_params, units
+) -> None:
+    from tango_fairscale.parallel import sharding as module
+
+    if min_params != "default":
+        monkeypatch.setattr(module, "MIN_BLOCK_UNIT_PARAMS", min_params)
+    assert selected_units(model, ShardingConfig(**sharding))[0] == units
 
 
 def test_nested_matches_wrap_inner_modules_first(model) -> None:
