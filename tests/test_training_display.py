@@ -1,7 +1,8 @@
 """What ``tango run`` shows while it trains (``train/progress.py``, ``train/run.py``): the bar's
 postfix carries the loss, learning rate, tokens/s, memory and remaining time; each validation is
-one line at Tango's default log level. Read from a real run's output: the ``trained`` run of
-``test_results.build_workspace`` (4 steps, validation every 2), shared with the results tests."""
+one line at Tango's default log level, and so is the run's time split at its end. Read from a
+real run's output: the ``trained`` run of ``test_results.build_workspace`` (4 steps, validation
+every 2), shared with the results tests."""
 
 from __future__ import annotations
 
@@ -37,3 +38,13 @@ def test_each_validation_is_one_line_at_the_default_log_level(trained_output: st
     lines = [line for line in trained_output.splitlines() if "validation:" in line]
     assert [line.split(" validation:")[0] for line in lines] == ["step 2/4", "step 4/4"]
     assert re.search(r"piqa: acc 0\.\d{4} ± 0\.\d{4}, acc_norm 0\.\d{4} ± 0\.\d{4} \(16 ", lines[0])
+
+
+def test_the_time_split_ends_the_training(trained_output: str) -> None:
+    [line] = [line for line in trained_output.splitlines() if "time split:" in line]
+    split = line.split("time split: ")[1]
+    assert re.fullmatch(
+        rf"setup [\d.]+ s, first step [\d.]+ s, {TRAIN_STEPS - 1} more steps [\d.]+ s "
+        r"\([\d.]+ ms each\), validation [\d.]+ s, checkpoints [\d.]+ s, final [\d.]+ s",
+        split,
+    ), split

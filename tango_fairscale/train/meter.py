@@ -61,3 +61,34 @@ class Throughput:
                 torch.cuda.max_memory_allocated(self.device) / 2**30, 2
             )
         return figures
+
+
+class PhaseClock:
+    """Where a run's time goes on this process: ``setup`` (resuming, building the schedule and
+    validation tasks), ``first_step`` (to the first step's loss on the host: lazy initialisation
+    and compilation), ``steps``, ``validation``, ``checkpoints`` (what the loop waited for) and
+    ``final`` (the last checkpoint committed and the model consolidated)."""
+
+    def __init__(self) -> None:
+        self.created = self.mark = time.perf_counter()
+        self.seconds: dict[str, float] = {}
+
+    def lap(self, phase: str) -> None:
+        """Add the time since the last lap to ``phase``."""
+        now = time.perf_counter()
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + now - self.mark
+        self.mark = now
+
+    def summary(self) -> dict[str, float]:
+        return {phase: round(seconds, 2) for phase, seconds in self.seconds.items()}
+
+    def describe(self, steps: int) -> str:
+        """One line: each phase's seconds, the steps' mean."""
+        parts = []
+        for phase, seconds in self.seconds.items():
+            if phase == "steps" and steps > 1:
+                each = seconds / (steps - 1) * 1e3
+                parts.append(f"{steps - 1} more steps {seconds:.1f} s ({each:.1f} ms each)")
+            else:
+                parts.append(f"{phase.replace('_', ' ')} {seconds:.1f} s")
+        return "time split: " + ", ".join(parts)

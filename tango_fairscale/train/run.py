@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import signal
+import time
 from typing import Any
 
 import torch
@@ -29,7 +30,7 @@ from .callbacks import Callbacks
 from .checkpoints import BackgroundWriter, CheckpointPolicy, TrainingStopped, resume, resume_hint
 from .guards import NonFiniteGuard, any_rank
 from .log import TRAINING_LOG, TrainingLog
-from .meter import Throughput
+from .meter import PhaseClock, Throughput
 from .progress import TrainingBar
 
 logger = logging.getLogger(__name__)
@@ -46,6 +47,7 @@ class TrainingRun:
     resumed from its newest checkpoint; rank 0 logs and writes."""
 
     def __init__(self, engine: Engine, plan: Any) -> None:
+        started = time.perf_counter()
         self.engine, self.plan, config = engine, plan, plan.config
         self.config = config
         self.is_main = config.is_local_main_process
@@ -93,6 +95,8 @@ class TrainingRun:
         self.preemption = Preemption(plan.preemption_signal)
         self.bar = TrainingBar(self.start, config.train_steps, self.is_main)
         self.unread: StepLoss | None = None  # the previous step's loss, on its way to the host
+        self.clock = PhaseClock()
+        self.clock.seconds["setup"] = time.perf_counter() - started
 
     def steps(self) -> Any:
         """The steps left, under the progress bar on rank 0 (:class:`.progress.TrainingBar`)."""
@@ -144,6 +148,7 @@ class TrainingRun:
         assert self.unread is not None
         self.guard.observe(done, self.unread.value())
         self.unread = None
+        self.clock.lap("first_step" if done == self.start + 1 else "steps")
         self.writer.check()
         preempted = any_rank(self.preemption.received, self.engine.device)
         mean_loss, tokens = _reduce_over_ranks(loss, self.throughput.tokens)
@@ -162,7 +167,9 @@ class TrainingRun:
     def validate(self, done: int) -> bool:
         """Score the validation tasks with every rank through the engine, log lm-eval's metrics
         (``val_<task>/<metric>``) and call ``post_val_loop``; whether a callback stops the run."""
+        self.clock.lap("steps")
         metrics = validate(self.engine, self.evaluator, self.validation)
+        self.clock.lap("validation")
         self.log.write({"step": done, **{f"val_{k}": v for k, v in metrics.items()}})
         if self.is_main:  # at Tango's default log level, as the final metrics are
             cli_logger.info(
@@ -192,18 +199,25 @@ class TrainingRun:
         extra: dict[str, Any] = {"best_val_metric": self.best}
         if self.callbacks:
             extra["callbacks"] = self.callbacks.state_dict()
+        self.clock.lap("steps")
         self.writer.save(done, extra, wait=wait)
+        self.clock.lap("checkpoints")
         self.throughput.skip()
         self.bar.skip()
 
     def finish(self, step: int) -> None:
         """The last checkpoint committed, ``post_train_loop``, then the consolidated model for the
         launching process."""
+        self.clock.lap("steps")
         self.writer.wait()
         barrier()
         self.preemption.restore()
         self.callbacks.call("post_train_loop", step, self.epoch(step))
         export_final_weights(self.engine, self.config.work_dir / FINAL_WEIGHTS, self.is_main)
+        self.clock.lap("final")
+        self.log.write({"step": step + 1, "phases_s": self.clock.summary()})
+        if self.is_main:
+            cli_logger.info("%s", self.clock.describe(step + 1 - self.start))
 
 
 class StepLoss:
