@@ -18,6 +18,7 @@
 #
 # Suites (name | GPUs | nominal seconds | the figure it produces); `gpu.sh --list` and
 # benchmarks/index.py read these lines:
+#@ main-job | 1 | 330 | the README's main job as a user runs it (random 124M, official PIQA): every default, then engine=ddp precision=32-true; wall time, time split, GPU busy share, step time
 #@ tests | 1 | 120 | GPU-only tests pass (compiled loss, packed batches on a GPU, fp16 overflow in every engine)
 #@ e2e | 1 | 330 | the whole flow: tango run configs/gpt2_piqa.jsonnet with every engine on the visible GPUs (pipe on a Llama shape), and a command's fixed cost
 #@ train-synthetic-124m | 1 | 240 | MFU >= 30 % at GPT-2 124M; sharded engines >= 1.3x ddp bf16 autocast (124M)
@@ -99,6 +100,14 @@ train_speed() {
     --budget-s $(( seconds - 15 )) "$@"
 }
 
+suite_main_job() {  # main_job.json (+ each command's timestamped output): the two commands
+  local steps=2000
+  [ ${#TINY[@]} -gt 0 ] && steps=20
+  step "$BUDGET" "$PY" benchmarks/main_job.py --piqa "$PIQA" --tokenizer "$TOK" \
+    --train-steps "$steps" --timeout-s $(( BUDGET / 2 - 5 )) --out "$DIR/main_job.json"
+  [ "$DRY_RUN" = 1 ] || grep '^{' "$DIR/log.txt" | tee -a "$LOG"
+}
+
 suite_tests() {
   local files
   mapfile -t files < <(grep -rl "not torch.cuda.is_available()" tests --include='*.py' | sort)
@@ -127,10 +136,10 @@ suite_train_synthetic_1_5b() {  # seq 1024 batch 16, then 3 profiled steps (GPU 
     --out "$DIR/train_speed_synth_1.5b.json"
 }
 
-suite_train_piqa() {  # 124M, 16 PIQA examples per GPU, padded; world size 2 where 2 GPUs are seen
+suite_train_piqa() {  # 124M, 16 PIQA examples per GPU (packed: as the configs train); world size 2 where 2 GPUs are seen
   train_speed "$BUDGET" --data piqa --piqa "$PIQA" --world-size 2,1 --batch-size 16 \
     --warmup 8 --steps 25 \
-    --plan 124m:ddp-fp32,ddp-bf16,fairscale-bf16,fairscale-bf16-ckpt,fairscale-bf16-ckpt-noreshard,fairscale-bf16-root,fsdp2-bf16-ckpt \
+    --plan 124m:ddp-fp32,ddp-bf16-compile-packed,fairscale-bf16,fairscale-bf16-packed,fairscale-bf16-ckpt-packed,fairscale-bf16-compile-packed,fsdp2-bf16-packed \
     --compare-to ddp-fp32 --target fairscale-bf16-ckpt --config-timeout 60 \
     --out "$DIR/train_speed_piqa_124m_b16.json"
 }

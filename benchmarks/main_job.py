@@ -1,0 +1,229 @@
+"""The README's main job measured as a user runs it: ``tango run configs/gpt2_piqa.jsonnet`` on a
+random GPT-2 124M and the official PIQA files, with every default and with the peer settings
+(``-D engine=ddp -D precision=32-true``), each in a fresh workspace, in one call.
+
+Per command: wall time; the time split — before the training step starts (imports, config, Tango
+hashing the steps), the run's own split (``time split:`` of the training step: setup, first
+step, steps, validation, checkpoints waited for, final), and after it (scoring, export, exit);
+step time and tokens/s from the training log; peak GPU memory; the GPU's busy share (NVML's
+utilisation counter sampled every 100 ms through ``nvidia-smi``) over the whole command and over
+the span of the step loop (from the first to the last logged training step).
+
+    python benchmarks/main_job.py --piqa DIR --tokenizer DIR --out main_job.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _bench  # noqa: E402
+
+_bench.setup_paths()
+
+VARIANTS = {"default": [], "ddp-fp32": ["-D", "engine=ddp", "-D", "precision=32-true"]}
+
+
+class Sampler(threading.Thread):
+    """GPU utilisation and memory every 100 ms (``nvidia-smi -lms``), and when each training-log
+    line appeared, both on this process's clock."""
+
+    def __init__(self, log_path_glob: tuple[Path, str]) -> None:
+        super().__init__(daemon=True)
+        self.samples: list[tuple[float, float, float]] = []  # (time, util %, memory MiB)
+        self.log_times: list[float] = []
+        self.root, self.pattern = log_path_glob
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        command = [
+            "nvidia-smi",
+            "--query-gpu=utilization.gpu,memory.used",
+            "--format=csv,noheader,nounits",
+            "-lms",
+            "100",
+            "-i",
+            "0",
+        ]
+        try:
+            smi = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+        except OSError:
+            smi = None
+        threading.Thread(target=self._watch_log, daemon=True).start()
+        if smi is None or smi.stdout is None:
+            return
+        for line in smi.stdout:
+            if self.stopped.is_set():
+                break
+            try:
+                util, memory = (float(x) for x in line.split(","))
+            except ValueError:
+                continue
+            self.samples.append((time.perf_counter(), util, memory))
+        smi.terminate()
+
+    def _watch_log(self) -> None:
+        seen = 0
+        while not self.stopped.is_set():
+            for path in self.root.glob(self.pattern):
+                lines = [x for x in path.read_text().splitlines() if '"train_loss"' in x]
+                now = time.perf_counter()
+                self.log_times += [now] * (len(lines) - seen)
+                seen = max(seen, len(lines))
+            time.sleep(0.05)
+
+    def busy(self, start: float, end: float) -> float | None:
+        inside = [util for t, util, _ in self.samples if start <= t <= end]
+        return round(sum(inside) / len(inside), 1) if inside else None
+
+
+def run_command(name: str, extra: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    workspace = Path(tempfile.mkdtemp(prefix=f"main-job-{name}-"))
+    command = [
+        sys.executable,
+        "-u",
+        "-m",
+        "tango",
+        "run",
+        "configs/gpt2_piqa.jsonnet",
+        "-w",
+        str(workspace),
+        "-n",
+        name,
+        "-D",
+        f"model={args.model}",
+        "-D",
+        f"data_dir={args.piqa}",
+        "-D",
+        f"train_steps={args.train_steps}",
+        *extra,
+    ]
+    sampler = Sampler((workspace, "cache/*/work/training_log.jsonl"))
+    sampler.start()
+    started = time.perf_counter()
+    lines: list[tuple[float, str]] = []
+    process = subprocess.Popen(
+        command, cwd=_bench.REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    assert process.stdout is not None
+    for line in process.stdout:
+        lines.append((time.perf_counter() - started, line.rstrip("\n")))
+    code = process.wait(timeout=args.timeout_s)
+    ended = time.perf_counter()
+    time.sleep(0.3)
+    sampler.stopped.set()
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    (Path(args.out).parent / f"main_job_{name}.log").write_text(
+        "".join(f"{t:8.2f} {line}\n" for t, line in lines)
+    )
+    result: dict[str, Any] = {
+        "command": " ".join(command[2:]),
+        "exit_code": code,
+        "wall_s": round(ended - started, 2),
+    }
+    result.update(split(lines, ended - started))
+    result.update(training_figures(workspace))
+    loop = sampler.log_times
+    result["gpu_busy_pct_command"] = sampler.busy(started, ended)
+    if len(loop) >= 2:
+        result["gpu_busy_pct_step_loop"] = sampler.busy(loop[0], loop[-1])
+        result["step_loop_span_s"] = round(loop[-1] - loop[0], 2)
+    if sampler.samples:
+        result["gpu_memory_used_max_mib"] = max(memory for _, _, memory in sampler.samples)
+    return result
+
+
+def split(lines: list[tuple[float, str]], wall: float) -> dict[str, Any]:
+    """Before, during and after the training step, from the output's timestamps."""
+
+    def first(pattern: str) -> float | None:
+        return next((t for t, line in lines if re.search(pattern, line)), None)
+
+    train_start = first(r'Starting step "trained_model"')
+    train_end = first(r'Finished step "trained_model"')
+    out: dict[str, Any] = {}
+    if train_start is not None:
+        out["before_training_step_s"] = round(train_start, 2)
+    if train_start is not None and train_end is not None:
+        out["training_step_s"] = round(train_end - train_start, 2)
+        out["after_training_step_s"] = round(wall - train_end, 2)
+    return out
+
+
+def training_figures(workspace: Path) -> dict[str, Any]:
+    logs = list(workspace.glob("cache/*/work/training_log.jsonl"))
+    if not logs:
+        return {}
+    records = [json.loads(x) for x in logs[0].read_text().splitlines() if x.strip()]
+    steps = [r for r in records if "tokens_per_s" in r and r["step"] > 10]
+    phases = next((r["phases_s"] for r in records if "phases_s" in r), None)
+    figures: dict[str, Any] = {"phases_s": phases}
+    if steps:
+        figures["tokens_per_s_median"] = sorted(r["tokens_per_s"] for r in steps)[len(steps) // 2]
+        figures["peak_memory_gib"] = max(r.get("peak_memory_gib", 0) for r in steps)
+    if phases and phases.get("steps"):
+        last = max(r["step"] for r in records if "train_loss" in r)
+        figures["step_ms_mean"] = round(phases["steps"] / max(last - 1, 1) * 1e3, 2)
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--piqa", required=True)
+    parser.add_argument("--tokenizer", required=True)
+    parser.add_argument("--model", help="a saved model (default: a random GPT-2 124M, written)")
+    parser.add_argument("--train-steps", type=int, default=2000)
+    parser.add_argument("--variants", default="default,ddp-fp32")
+    parser.add_argument("--timeout-s", type=float, default=400)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--commit")
+    args = parser.parse_args()
+    if args.model is None:
+        from tango_fairscale.model.causal_lm import ModelWrapper
+
+        args.model = tempfile.mkdtemp(prefix="gpt2-124m-")
+        config = {"model_type": "gpt2", **_bench.SHAPES["124m"]}
+        ModelWrapper(config=config, tokenizer=args.tokenizer, seed=1).save(args.model)
+    env = _bench.environment(args.commit)
+    results = {name: run_command(name, VARIANTS[name], args) for name in args.variants.split(",")}
+    report: dict[str, Any] = {
+        "environment": env,
+        "train_steps": args.train_steps,
+        "variants": results,
+    }
+    base, peer = results.get("default", {}), results.get("ddp-fp32", {})
+    if base.get("step_ms_mean") and peer.get("step_ms_mean"):
+        report["step_speedup_vs_ddp_fp32"] = round(peer["step_ms_mean"] / base["step_ms_mean"], 3)
+    _bench.write_json(Path(args.out), report)
+    print(
+        json.dumps(
+            {
+                k: {
+                    x: v.get(x)
+                    for x in (
+                        "wall_s",
+                        "step_ms_mean",
+                        "gpu_busy_pct_step_loop",
+                        "gpu_busy_pct_command",
+                        "run_split_s",
+                    )
+                }
+                for k, v in results.items()
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main()
