@@ -141,7 +141,19 @@ def torch_train_speed_figure(data: dict[str, Any]) -> str:
     return f"{shown}; no same-run comparison" if shown else "no run measured"
 
 
+def main_job_figure(data: dict[str, Any]) -> str:
+    runs = data.get("variants", {})
+    parts = [
+        f"`{name}` {run['wall_s']:.0f} s, {run.get('step_ms_mean', 0):.1f} ms a step, GPU busy "
+        f"{run.get('gpu_busy_pct_step_loop')} % in the loop"
+        for name, run in runs.items()
+        if run.get("wall_s")
+    ]
+    return "; ".join(parts) or "no run measured"
+
+
 FIGURES = {
+    "main_job": main_job_figure,
     "train_speed": train_speed_figure,
     "eval_speed": eval_speed_figure,
     "precision_run": precision_figure,
