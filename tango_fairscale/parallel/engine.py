@@ -104,13 +104,16 @@ class Engine(TrainingEngine):
     def _construct_optimizer(self, optimizer: Lazy[Optimizer]) -> Optimizer:
         """The optimizer over the wrapped model's parameters; on a GPU, fused (one kernel for every
         parameter's update instead of a few per tensor) when its class takes ``fused``, the
-        config sets neither ``fused`` nor ``foreach`` and no parameter is offloaded to the CPU.
+        config sets neither ``fused`` nor ``foreach``, no parameter is offloaded to the CPU and no
+        sharded engine scales fp16 gradients.
         Fused and per-tensor updates round differently, so CPUs keep the per-tensor update that
         the parity tests compare bitwise."""
         parameters = list(self.model.parameters())
         extras: dict[str, Any] = {}
         on_gpu = bool(parameters) and all(p.is_cuda for p in parameters)  # not CPU-offloaded
-        if on_gpu and fused_by_default(optimizer):
+        # FairScale's and FSDP2's fp16 grad scalers fail inside fused steps (torch 2.11).
+        scaled = self.precision.needs_grad_scaler and self.sharded
+        if on_gpu and not scaled and fused_by_default(optimizer):
             extras["fused"] = True
         return optimizer.construct(params=parameters, **extras)
 
