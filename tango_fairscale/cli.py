@@ -3,6 +3,7 @@
 ::
 
     tango-fairscale results -w WORKSPACE [--run NAME ...] [--plot FILE.png] [--json]
+    tango-fairscale eval --model PATH_OR_ID --tasks a,b [--num_fewshot K] [--limit N] ...
     tango-fairscale run [--rendezvous-timeout SECONDS] CONFIG [tango run options]
     python -m tango_fairscale run ...          (the same; the form torchrun starts with -m)
     tango-fairscale export CHECKPOINT_DIR OUT_DIR
@@ -14,6 +15,8 @@
 started no step are folded into the run whose results they reused (with a count). ``--json``
 prints every run as a JSON list; ``--plot`` also draws the training loss and validation curves
 into a file, one per training, labelled by the settings in which they differ.
+``eval`` evaluates a model on lm-eval tasks as ``lm_eval`` does, as the cached steps of
+``configs/mc_suite.jsonnet`` (:mod:`tango_fairscale.eval_cli`).
 ``run`` is ``tango run`` for every process of a job started by ``torchrun`` (or SLURM): rank 0
 runs the Tango steps and the other ranks join its training steps
 (:mod:`tango_fairscale.runtime.launcher`).
@@ -28,7 +31,7 @@ newest checkpoint (or step ``N``'s) by the run's name (:mod:`tango_fairscale.res
 Problems (no workspace, no runs, an unknown run, nothing to plot, a file suffix matplotlib does
 not write, not a complete checkpoint) are reported in one line on stderr with exit code 2, before
 any work. A run whose records cannot be read is left out of ``results`` with one warning line
-naming it. Only ``run``, ``export`` and ``tiny-model`` import torch.
+naming it. Only ``eval``, ``run``, ``export`` and ``tiny-model`` import torch.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+
+from . import eval_cli
 
 PROG = "tango-fairscale"
 
@@ -71,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="write training loss and validation accuracy curves here",
     )
     results.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    eval_cli.add_parser(commands)
     _add_run(commands)
     _add_export(commands)
     _add_tiny_model(commands)
@@ -159,6 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "results":
             return _results(args)
+        if args.command == "eval":
+            return eval_cli.run(args)
         if args.command == "run":
             return _run(args)
         if args.command == "export":

@@ -5,9 +5,10 @@ summarised."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
-import torch
 from tango import JsonFormat, Step
+from tango.common import Lazy
 from tango.common.exceptions import ConfigurationError
 from tango.common.logging import cli_logger
 from tango.integrations.torch import Model
@@ -22,6 +23,7 @@ from .evaluator import Evaluator
 from .harness import merge, summary
 from .lm import scoring_precision
 from .scoring import default_device
+from .shared_model import ModelSource, evaluation_model
 
 
 @Step.register("tango_fairscale::task_scores")
@@ -41,6 +43,12 @@ class TaskScoresStep(Step[dict]):
     sequences), by batched decoding with a key/value cache
     (:mod:`~tango_fairscale.evaluation.generation`). None of those three is part of the cache
     key: they change speed, not scores (up to float rounding).
+
+    A model given as a config is loaded when the step runs, not when Tango builds the steps (a
+    step found in the cache loads nothing), and once for all the steps of a command that score
+    the same model on the same device in the same weight dtype
+    (:mod:`~tango_fairscale.evaluation.shared_model`); the cache key is the same as if it had
+    been loaded to build the step.
 
     :param model: the model (``tango_fairscale::causal_lm``, or a trained model's step).
     :param task: a :class:`~tango_fairscale.tasks.lm_eval.TaskSpec` (a name is enough).
@@ -76,9 +84,33 @@ class TaskScoresStep(Step[dict]):
     FORMAT = JsonFormat()
     SKIP_ID_ARGUMENTS = {"batch_size", "max_batch_tokens", "pack_sequences"}
 
+    @classmethod
+    def massage_kwargs(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """A model given as a config (a ``Lazy``) becomes a
+        :class:`~tango_fairscale.evaluation.shared_model.ModelSource`: loaded when needed."""
+        model = kwargs.get("model")
+        if isinstance(model, Lazy):
+            source = ModelSource.of(model)
+            if source is not None:
+                kwargs = {**kwargs, "model": source}
+        return kwargs
+
+    @property
+    def unique_id(self) -> str:
+        """Tango's unique id, with a :class:`ModelSource` hashed as the model it loads."""
+        model = self.kwargs.get("model")
+        if self.unique_id_cache is not None or not isinstance(model, ModelSource):
+            return super().unique_id
+        kwargs = self.kwargs
+        self.kwargs = {**kwargs, "model": model.hash_stand_in()}
+        try:
+            return super().unique_id
+        finally:
+            self.kwargs = kwargs
+
     def run(  # type: ignore[override]
         self,
-        model: Model,
+        model: Lazy[Model],  # see massage_kwargs: run() gets a ModelSource or a step's model
         task: TaskSpec,
         precision: str = "32-true",
         batch_size: int = 256,
@@ -94,26 +126,28 @@ class TaskScoresStep(Step[dict]):
             boolean("pack_sequences", pack_sequences)
         if isinstance(bootstrap_iters, bool) or not isinstance(bootstrap_iters, int):
             raise ConfigurationError(f"bootstrap_iters must be an integer, got {bootstrap_iters!r}")
-        if not isinstance(model, ModelWrapper):
+        # A ModelSource (massage_kwargs), a step's model, or a Lazy of another model type.
+        given: Any = model.construct() if isinstance(model, Lazy) else model
+        if not isinstance(given, (ModelWrapper, ModelSource)):
             raise ConfigurationError(
-                f"needs a tango_fairscale::causal_lm model, got {type(model).__name__}"
+                f"needs a tango_fairscale::causal_lm model, got {type(given).__name__}"
             )
         device = default_device()
         resolved = resolve_precision(precision, device)
+        loaded = load_tasks(task)  # checked before the model is loaded or scores anything
+        # fp32 weights whatever the model holds (bf16 ones under bf16-true), on the device
+        scorer = evaluation_model(given, device, resolved.param_dtype)
         if pack_sequences is None:
-            pack_sequences = model.supports_packing
-        elif pack_sequences and not model.supports_packing:
-            raise ConfigurationError(packing_refusal(model))
-        loaded = load_tasks(task)  # checked before the model moves or scores anything
+            pack_sequences = scorer.supports_packing
+        elif pack_sequences and not scorer.supports_packing:
+            raise ConfigurationError(packing_refusal(scorer))
         evaluator = Evaluator(
-            ModelCall.local(model, device),
+            ModelCall.local(scorer, device),
             dataclasses.replace(options, packed=pack_sequences),
             generation,
         )
         evaluator.check(task, loaded)
-        # fp32 weights whatever the model holds; scoring_precision casts for bf16-true.
-        model = model.to(device=device, dtype=torch.float32).eval()
-        with scoring_precision(model, resolved):
+        with scoring_precision(scorer, resolved):
             scores = evaluator.evaluate(task, loaded, bootstrap_iters)
         scores["config"] = {"precision": resolved.name, "device": device.type}
         scores["truncated_continuations"] = evaluator.lm.truncated_continuations

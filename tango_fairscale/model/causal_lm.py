@@ -93,29 +93,10 @@ class ModelWrapper(Model, CustomDetHash):
         seed: int = 0,
     ) -> None:
         super().__init__()
-        for name, value in (("model", model), ("tokenizer", tokenizer)):
-            if value is not None and not isinstance(value, str):
-                raise ConfigurationError(
-                    f"'{name}' must be a hub id or directory (a string), got {value!r}"
-                )
-        if config is not None and not isinstance(config, dict):
-            raise ConfigurationError(
-                f"'config' must be an object of Hugging Face config fields, got {config!r}"
-            )
-        if model is None and config is None:
-            raise ConfigurationError("give the model a hub id or directory ('model') or a 'config'")
-        tokenizer_source = tokenizer or model
-        if tokenizer_source is None:
-            raise ConfigurationError(
-                "a model built from 'config' needs 'tokenizer' (hub id or dir)"
-            )
         #: What the cache key of a step taking this model is made of (see the class docstring).
-        self.origin: tuple[Any, ...] = (
-            "tango_fairscale::causal_lm",
-            MODEL_VERSION,
-            {"model": model, "config": config, "tokenizer": tokenizer, "seed": seed},
-            *(source_fingerprint(s) if s is not None else None for s in (model, tokenizer)),
-        )
+        self.origin: tuple[Any, ...] = model_origin(model, config, tokenizer, seed)
+        tokenizer_source = tokenizer or model
+        assert tokenizer_source is not None  # model_origin refuses neither
         self.model: PreTrainedModel = build_model(model, config, seed)
         fuse_tanh_gelu(self.model)
         #: What the model's own forward does to its head's output (the fast loss does the same).
@@ -215,6 +196,36 @@ class ModelWrapper(Model, CustomDetHash):
         """Write weights (safetensors), config and tokenizer in Hugging Face's layout."""
         self.model.save_pretrained(directory)
         self.tokenizer.save_pretrained(directory)
+
+
+def model_origin(
+    model: str | None = None,
+    config: dict[str, Any] | None = None,
+    tokenizer: str | None = None,
+    seed: int = 0,
+) -> tuple[Any, ...]:
+    """:attr:`ModelWrapper.origin` of the model these arguments make, without loading it:
+    ``MODEL_VERSION``, the arguments and the fingerprints of the ``model`` and ``tokenizer``
+    sources. Refuses, in one line, arguments that make no model."""
+    for name, value in (("model", model), ("tokenizer", tokenizer)):
+        if value is not None and not isinstance(value, str):
+            raise ConfigurationError(
+                f"'{name}' must be a hub id or directory (a string), got {value!r}"
+            )
+    if config is not None and not isinstance(config, dict):
+        raise ConfigurationError(
+            f"'config' must be an object of Hugging Face config fields, got {config!r}"
+        )
+    if model is None and config is None:
+        raise ConfigurationError("give the model a hub id or directory ('model') or a 'config'")
+    if (tokenizer or model) is None:
+        raise ConfigurationError("a model built from 'config' needs 'tokenizer' (hub id or dir)")
+    return (
+        "tango_fairscale::causal_lm",
+        MODEL_VERSION,
+        {"model": model, "config": config, "tokenizer": tokenizer, "seed": seed},
+        *(source_fingerprint(s) if s is not None else None for s in (model, tokenizer)),
+    )
 
 
 def packing_refusal(model: ModelWrapper) -> str:
