@@ -103,15 +103,6 @@ def test_keep_optimizer_state_keeps_it_and_is_not_part_of_the_cache_key(
     assert work_dir(workspace).parent.name == work_dir(default).parent.name  # the same step id
 
 
-def test_keep_optimizer_state_must_be_a_boolean(tmp_path, tiny_model_dir, piqa_small) -> None:
-    from tango.common.exceptions import ConfigurationError
-
-    with pytest.raises(ConfigurationError, match="keep_optimizer_state"):
-        train_tiny(
-            tmp_path, tiny_model_dir, piqa_small, step_options={"keep_optimizer_state": "no"}
-        )
-
-
 def test_a_finished_run_whose_result_was_not_stored_is_not_trained_again(
     finished, tmp_path: Path, tiny_model_dir: Path, piqa_small, monkeypatch
 ) -> None:
