@@ -127,3 +127,23 @@ def test_a_finished_run_whose_result_was_not_stored_is_not_trained_again(
     assert_close_by_key(stored, load_file(source.parent / "model.safetensors"))
     records = [json.loads(line) for line in (target.parent / "training_log.jsonl").open()]
     assert records[-1]["step"] == 20
+
+
+def test_a_finished_run_that_kept_its_optimizer_state_is_not_trained_again(
+    finished, tmp_path: Path, tiny_model_dir: Path, piqa_small
+) -> None:
+    """As above with ``keep_optimizer_state``: the rerun resumes from the final checkpoint, has
+    no step left to train and consolidates it again (``final_weights.pt`` was deleted)."""
+    from safetensors.torch import load_file
+
+    options = {"keep_optimizer_state": True}
+    source = work_dir(finished("tango_fairscale::ddp", **options))
+    target = tmp_path / "cache" / source.parent.name / "work"
+    shutil.copytree(source, target)
+    log = (target / "training_log.jsonl").read_text()
+    train_tiny(tmp_path, tiny_model_dir, piqa_small, step_options=options)
+    assert (target / "training_log.jsonl").read_text() == log  # no step trained or validated
+    stored = load_file(target.parent / "model.safetensors")
+    assert_close_by_key(stored, load_file(source.parent / "model.safetensors"))
+    assert not read_manifest(target / "checkpoints" / "step0000020").model_only
+    assert not (target / "final_weights.pt").exists()
