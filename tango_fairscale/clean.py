@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -244,7 +244,7 @@ def _would_free(release: Release, step_dir: Path) -> tuple[int, bool]:
     return max(0, release.size - size_of(release.path / "hf") - weights), True
 
 
-def _model_only() -> Any:
+def _model_only() -> Callable[[Path], Path]:
     """:func:`~tango_fairscale.parallel.model_only.model_only_checkpoint`, torch imported on
     the first call only."""
 
