@@ -9,6 +9,8 @@
     tango-fairscale export CHECKPOINT_DIR OUT_DIR
     tango-fairscale export --run NAME [--step N] -w WORKSPACE OUT_DIR
     tango-fairscale tiny-model OUT_DIR [--tokenizer SRC]
+    tango-fairscale clean -w WORKSPACE [--run NAME ...] [--all-checkpoints] [--unfinished]
+                          [--dry-run]
 
 ``results`` prints one row per run of the workspace (or of the named runs): model, tasks and
 ``limit``, engine, precision, devices, train steps, timings, then each task's metrics; reruns that
@@ -27,11 +29,14 @@ directory, a work dir or a training step's result folder (``runs/NAME/trained_mo
 newest checkpoint (or step ``N``'s) by the run's name (:mod:`tango_fairscale.results.checkpoints`).
 ``tiny-model`` writes a small random GPT-2-shaped model for a first run, offline
 (:mod:`tango_fairscale.model.tiny`).
+``clean`` frees the checkpoints and weights that finished training steps no longer need, never a
+running step's, a failed one's only with ``--unfinished`` (:mod:`tango_fairscale.clean`).
 
 Problems (no workspace, no runs, an unknown run, nothing to plot, a file suffix matplotlib does
 not write, not a complete checkpoint) are reported in one line on stderr with exit code 2, before
 any work. A run whose records cannot be read is left out of ``results`` with one warning line
-naming it. Only ``eval``, ``run``, ``export`` and ``tiny-model`` import torch.
+naming it. Only ``eval``, ``run``, ``export`` and ``tiny-model`` import torch (``clean`` too,
+when it rewrites a checkpoint without its optimizer state).
 """
 
 from __future__ import annotations
@@ -80,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run(commands)
     _add_export(commands)
     _add_tiny_model(commands)
+    _add_clean(commands)
     return parser
 
 
@@ -147,6 +153,44 @@ def _add_tiny_model(commands: argparse._SubParsersAction) -> None:
     )
 
 
+def _add_clean(commands: argparse._SubParsersAction) -> None:
+    clean = commands.add_parser(
+        "clean",
+        help="free the checkpoints and weights that a workspace's finished training steps no "
+        "longer need",
+        description="Free the disk of a local workspace's tango_fairscale::train steps without "
+        "breaking cached results: of a finished step, final_weights.pt, every checkpoint but the "
+        "final one and the final one's optimizer state (what a finished run deletes itself); "
+        "a running step is never touched, a failed or interrupted one only with --unfinished. "
+        "Prints what it freed, step by step.",
+    )
+    clean.add_argument(
+        "-w", "--workspace", required=True, metavar="WORKSPACE", help="workspace directory"
+    )
+    clean.add_argument(
+        "--run",
+        action="append",
+        dest="runs",
+        metavar="NAME",
+        help="only this run's steps (repeatable; default: every step of the workspace)",
+    )
+    clean.add_argument(
+        "--all-checkpoints",
+        action="store_true",
+        help="delete the final checkpoints of finished steps too (the stored result keeps the "
+        "model; export --run then has no checkpoint)",
+    )
+    clean.add_argument(
+        "--unfinished",
+        action="store_true",
+        help="also delete the checkpoints of failed or interrupted steps (their reruns then "
+        "train from the start); a running step is never touched",
+    )
+    clean.add_argument(
+        "--dry-run", action="store_true", help="delete nothing; print what would be freed"
+    )
+
+
 def _positive_seconds(text: str) -> float:
     try:
         seconds = float(text)
@@ -173,6 +217,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _export(args)
         if args.command == "tiny-model":
             return _tiny_model(args)
+        if args.command == "clean":
+            from .clean import command
+
+            return command(
+                args.workspace, args.runs, args.all_checkpoints, args.unfinished, args.dry_run
+            )
     except (ResultsError, CommandError, OSError) as error:
         message = " ".join(str(error).split()) or type(error).__name__
         print(f"{PROG}: error: {message}", file=sys.stderr)

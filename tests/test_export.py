@@ -117,6 +117,44 @@ def test_export_equals_the_runs_final_weights(
     assert (tmp_path / "hf" / "tokenizer.json").is_file()
 
 
+@pytest.mark.parametrize(
+    ("engine", "device_count"),
+    [
+        ("fairscale", 1),
+        ("ddp", 1),
+        pytest.param("fairscale", 2, marks=pytest.mark.slow),
+        pytest.param("fsdp2", 2, marks=pytest.mark.slow),
+    ],
+    ids=["fairscale-1", "ddp-1", "fairscale-2", "fsdp2-2"],
+)
+def test_a_model_only_checkpoint_exports_the_same_weights(
+    engine: str, device_count: int, trained, tmp_path: Path, capsys
+) -> None:
+    """The checkpoint rewritten without its optimizer state, as a finished run leaves it: the
+    2-process ones are FairScale's two rank files of padded shards and FSDP2's two ``.distcp``
+    files (saved again by one process)."""
+    from transformers import AutoModelForCausalLM
+
+    from tango_fairscale.parallel.model_only import model_only_checkpoint
+    from tango_fairscale.records.checkpoints import read_manifest
+
+    work_dir = trained(engine, device_count)
+    run = tmp_path / "run"
+    shutil.copytree(work_dir / "checkpoints", run / "checkpoints")
+    before = read_manifest(run / STEP_DIR)
+    model_only_checkpoint(run / STEP_DIR)
+    after = read_manifest(run / STEP_DIR)
+    assert after.model_only and after.identity == before.identity
+    assert sum(r.size for r in after.files.values()) < sum(r.size for r in before.files.values())
+    code, err = export(capsys, run, tmp_path / "hf")
+    assert code == 0, err
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    final = torch.load(work_dir / FINAL_WEIGHTS, weights_only=True)
+    exported = {f"model.{key}": value for key, value in model.state_dict().items()}
+    assert exported.keys() == final.keys()
+    assert_close_by_key(exported, final)
+
+
 # --- refusals: one line each, naming the file and saying what to change ------------------------
 
 
@@ -316,8 +354,12 @@ def test_export_by_run_name_and_result_folder(workspace: Path, tmp_path: Path, c
     ``runs/trained/trained_model`` all give the run's trained model."""
     from safetensors.torch import load_file
 
+    from tango_fairscale.records.checkpoints import read_manifest
+
     result = workspace / "runs" / "trained" / "trained_model"
     expected = load_file(result / "model.safetensors")
+    # The run finished: its final checkpoint is kept alone, without its optimizer state.
+    assert read_manifest(result / "work" / "checkpoints" / "step0000004").model_only
     ways = {
         "run": ["--run", "trained", "-w", workspace],
         "step": ["--run", "trained", "--step", 4, "-w", workspace],

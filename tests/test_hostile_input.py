@@ -287,6 +287,12 @@ def test_pack_sequences_must_be_a_boolean() -> None:
     one_line(err.value, "pack_sequences must be true or false, got 'yes'")
 
 
+def test_keep_optimizer_state_must_be_a_boolean() -> None:
+    with pytest.raises(ConfigurationError) as err:
+        train(keep_optimizer_state="no")
+    one_line(err.value, "keep_optimizer_state must be true or false, got 'no'")
+
+
 # Model config ------------------------------------------------------------------------------------
 
 

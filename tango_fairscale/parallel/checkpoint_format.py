@@ -12,6 +12,7 @@ in its writes (``background``) lets a thread run on a host copy of what ``take``
 
 from __future__ import annotations
 
+import shutil
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
@@ -156,6 +157,11 @@ class CheckpointFormat(ABC):
                 f"checkpoint {directory} is in the {manifest.format!r} format; this engine reads "
                 f"{self.name!r}: resume with the engine that wrote it"
             )
+        if manifest.model_only:
+            raise CheckpointError(
+                f"{directory} holds its finished run's final model without the optimizer state "
+                "(keep_optimizer_state was false): it exports, it cannot be resumed"
+            )
         return manifest
 
     @abstractmethod
@@ -169,6 +175,29 @@ class CheckpointFormat(ABC):
     def full_state(self, directory: Path, manifest: Manifest) -> dict[str, torch.Tensor]:
         """The full model state of the verified checkpoint, in this process alone (no process
         group), under :class:`~tango_fairscale.model.causal_lm.ModelWrapper`'s keys."""
+
+    def save_model_only(self, directory: Path, manifest: Manifest, target: Path) -> Manifest:
+        """Write a copy of the verified checkpoint ``directory`` without its optimizer state into
+        the empty directory ``target``, in this process alone: this format's files
+        (:meth:`write_model_only`), the ``hf`` files copied, the manifest last (the same
+        identity, the new files' records, ``model_only``). Returns that manifest."""
+        records = self.write_model_only(directory, manifest, target)
+        for name in sorted(manifest.files):
+            if name.startswith(f"{HF_FILES}/"):
+                (target / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(directory / name, target / name)
+                records[name] = file_record(target / name)
+        written = Manifest(self.name, manifest.identity, records, model_only=True)
+        write_manifest(target, written)
+        return written
+
+    @abstractmethod
+    def write_model_only(
+        self, directory: Path, manifest: Manifest, target: Path
+    ) -> dict[str, FileRecord]:
+        """Write this format's files of a model-only copy of the verified checkpoint
+        ``directory`` into ``target`` (the model's state, the trainer state and the identity,
+        no optimizer state); their records."""
 
 
 def on_every_rank(action: Callable[[], T]) -> T:

@@ -4,13 +4,15 @@ A checkpoint holds DCP's ``.metadata`` and ``__{rank}_{n}.distcp`` files, with `
 ``optimizer`` entries (``get_state_dict``'s), and ``trainer.pt`` (rank 0): the scheduler, grad
 scaler, client state and the checkpoint's identity. ``.metadata`` carries the identity too (as
 DCP's ``save_id``); the ``.distcp`` files are bound to it by their digests in the manifest,
-recorded while DCP writes them.
+recorded while DCP writes them. A model-only checkpoint (a finished run's final one) holds the
+``model`` entry alone, saved by one process.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,6 +35,7 @@ from ..records.checkpoints import (
     HashingFile,
     Identity,
     Manifest,
+    file_record,
     write_file,
 )
 from .checkpoint_format import (
@@ -71,13 +74,7 @@ class DistributedCheckpoint(CheckpointFormat):
         return Snapshot({"model": model_state, "optimizer": optimizer_state}, trainer, identity)
 
     def write(self, snapshot: Any, directory: Path, rank: int) -> dict[str, FileRecord]:
-        writer = _HashingWriter(directory, snapshot.identity)
-        try:
-            dcp.save(snapshot.state, storage_writer=writer)
-        except CheckpointException as error:  # a BaseException, every rank's failures
-            _, (cause, _trace) = min(error.failures.items())
-            raise (cause if isinstance(cause, OSError) else OSError(reason(cause))) from None
-        records = dict(writer.fs.records)
+        records = _save(snapshot.state, directory, snapshot.identity)
         if snapshot.trainer is not None:
             trainer_file = directory / TRAINER_STATE
             records[TRAINER_STATE] = write_file(trainer_file, torch_saving(snapshot.trainer))
@@ -127,6 +124,34 @@ class DistributedCheckpoint(CheckpointFormat):
             warnings.filterwarnings("ignore", "torch.distributed is disabled")
             load_dcp({"model": state}, directory, no_dist=True)
         return state
+
+    def write_model_only(
+        self, directory: Path, manifest: Manifest, target: Path
+    ) -> dict[str, FileRecord]:
+        """The ``model`` entry saved again by this process alone (``no_dist``): one ``.distcp``
+        file, whatever the number of processes that wrote the checkpoint; ``trainer.pt``
+        copied."""
+        state = self.full_state(directory, manifest)
+        with warnings.catch_warnings():  # "assuming the intent is to save in a single process"
+            warnings.filterwarnings("ignore", "torch.distributed is disabled")
+            records = _save({"model": state}, target, manifest.identity, no_dist=True)
+        shutil.copyfile(directory / TRAINER_STATE, target / TRAINER_STATE)
+        records[TRAINER_STATE] = file_record(target / TRAINER_STATE)
+        return records
+
+
+def _save(
+    state: dict[str, Any], directory: Path, identity: Identity, no_dist: bool = False
+) -> dict[str, FileRecord]:
+    """``dcp.save`` of ``state`` into ``directory``, its metadata carrying ``identity``; the
+    records of the files written. A failed write raises ``OSError``."""
+    writer = _HashingWriter(directory, identity)
+    try:
+        dcp.save(state, storage_writer=writer, no_dist=no_dist)
+    except CheckpointException as error:  # a BaseException, every rank's failures
+        _, (cause, _trace) = min(error.failures.items())
+        raise (cause if isinstance(cause, OSError) else OSError(reason(cause))) from None
+    return dict(writer.fs.records)
 
 
 def check_metadata_identity(directory: Path, identity: Identity) -> Any:

@@ -2,7 +2,8 @@
 (``ddp``, ``pipe``: rank 0's full state; ``fairscale``: every rank's shards and their layout).
 
 ``rank{r}.pt`` holds ``{"model", "optimizer", "lr_scheduler", "grad_scaler", "client_state",
-"checkpoint"}``, ``checkpoint`` being the checkpoint's identity. FairScale's files add
+"checkpoint"}``, ``checkpoint`` being the checkpoint's identity (a model-only checkpoint's files
+lack ``optimizer``). FairScale's files add
 ``model_metadata`` (FairScale's ``local_metadata_dict()``: which parameters each flat shard
 holds, their shapes and padding) and ``world_size``, from which the full state is rebuilt
 offline.
@@ -102,6 +103,19 @@ class RankFiles(CheckpointFormat):
         return consolidate_fairscale(
             [state["model"] for state in states], [state["model_metadata"] for state in states]
         )
+
+    def write_model_only(
+        self, directory: Path, manifest: Manifest, target: Path
+    ) -> dict[str, FileRecord]:
+        records = {}
+        for rank in range(manifest.identity.world_size):
+            name = rank_file(rank)
+            if name not in manifest.files:  # unsharded: rank 0's file alone
+                continue
+            state = read_rank_file(directory, rank, manifest.identity, mmap=True)
+            state.pop("optimizer", None)
+            records[name] = write_file(target / name, torch_saving(state))
+        return records
 
 
 def read_rank_file(

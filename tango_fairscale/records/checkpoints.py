@@ -47,8 +47,11 @@ __all__ = [
     "clear_partials",
     "commit",
     "complete_checkpoints",
+    "discard",
     "file_record",
     "find_checkpoint",
+    "install",
+    "latest_checkpoint",
     "partial_dir",
     "read_manifest",
     "run_id",
@@ -184,31 +187,57 @@ def complete_checkpoints(checkpoints: Path) -> list[Path]:
     return sorted(steps, key=steps.__getitem__, reverse=True)
 
 
+def latest_checkpoint(checkpoints: Path) -> Path | None:
+    """The complete checkpoint that ``latest`` names when it exists, else the newest complete one
+    (``None``: there is none)."""
+    latest = checkpoints / LATEST
+    if latest.is_file():
+        named = checkpoints / latest.read_text().strip()
+        if step_of(named.name) is not None and named.is_dir():
+            return named
+    complete = complete_checkpoints(checkpoints)
+    return complete[0] if complete else None
+
+
 def commit(partial: Path, keep: int) -> Path:
     """Make the fully written ``partial`` checkpoint complete: rename it to its ``stepN`` name
     (replacing one of that name: after a fallback), name it in ``latest`` and delete all but the
     newest ``keep`` complete checkpoints."""
     checkpoints = partial.parent
-    final = checkpoints / partial.name.removeprefix(PARTIAL_PREFIX)
-    if final.exists():
-        _discard(final)
-    os.replace(partial, final)
+    final = install(partial)
     temporary = checkpoints / f"{LATEST}.tmp"
     temporary.write_text(final.name)
     os.replace(temporary, checkpoints / LATEST)
     for old in complete_checkpoints(checkpoints)[keep:]:
-        _discard(old)
+        discard(old)
     return final
 
 
-def _discard(directory: Path) -> None:
+def install(partial: Path) -> Path:
+    """Rename the fully written ``partial`` checkpoint to its ``stepN`` name, replacing a complete
+    one of that name: that one is renamed out of the listing first and deleted once ``partial``
+    is in place, so that a crash leaves either of the two complete, or neither listed (the one
+    set aside and ``partial`` are then ``.partial-`` directories), never a mix."""
+    final = partial.with_name(partial.name.removeprefix(PARTIAL_PREFIX))
+    doomed = _set_aside(final) if final.exists() else None
+    os.replace(partial, final)
+    if doomed is not None:
+        shutil.rmtree(doomed)
+    return final
+
+
+def discard(directory: Path) -> None:
     """Delete a complete checkpoint, renamed out of the listing first: a crash midway leaves a
     ``.partial-`` directory (removed on the next start), never a half-deleted ``stepN``."""
+    shutil.rmtree(_set_aside(directory))
+
+
+def _set_aside(directory: Path) -> Path:
     doomed = directory.with_name(f"{PARTIAL_PREFIX}discarded-{directory.name}")
     if doomed.exists():
         shutil.rmtree(doomed)
     os.replace(directory, doomed)
-    shutil.rmtree(doomed)
+    return doomed
 
 
 def clear_partials(checkpoints: Path) -> None:

@@ -104,11 +104,16 @@ def file_record(path: Path) -> FileRecord:
 class Manifest:
     """A checkpoint's table of contents: the :mod:`format <tango_fairscale.parallel.
     checkpoint_format>` that reads it, its identity, and each file (a relative POSIX path) with
-    its record. Its JSON carries a digest of itself."""
+    its record. Its JSON carries a digest of itself.
+
+    ``model_only``: a finished run's final checkpoint rewritten without its optimizer state
+    (:mod:`tango_fairscale.parallel.model_only`): it exports, it does not resume. Written into
+    the JSON only when true, so that every other manifest keeps its bytes."""
 
     format: str
     identity: Identity
     files: dict[str, FileRecord]
+    model_only: bool = False
 
     def to_json(self) -> str:
         body: dict[str, Any] = {
@@ -117,6 +122,8 @@ class Manifest:
             "identity": self.identity.as_dict(),
             "files": {name: asdict(record) for name, record in sorted(self.files.items())},
         }
+        if self.model_only:
+            body["model_only"] = True
         body["digest"] = _digest(body)
         return json.dumps(body, indent=1) + "\n"
 
@@ -131,9 +138,13 @@ class Manifest:
             raise ValueError("its content does not match its digest")
         if body.get("version") != MANIFEST_VERSION or not isinstance(body.get("format"), str):
             raise ValueError(f"version {body.get('version')!r}; this tango_fairscale reads 1")
+        model_only = body.get("model_only", False)
+        if not isinstance(model_only, bool):
+            raise ValueError(f"model_only is {model_only!r}, not a boolean")
         try:
             files = {name: _record(name, record) for name, record in body["files"].items()}
-            return cls(body["format"], Identity.from_dict(body["identity"]), files)
+            identity = Identity.from_dict(body["identity"])
+            return cls(body["format"], identity, files, model_only)
         except (KeyError, TypeError, AttributeError) as error:
             raise ValueError(f"malformed ({type(error).__name__}: {error})") from None
 

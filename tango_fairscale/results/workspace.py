@@ -163,6 +163,14 @@ class LocalReader(WorkspaceReader):
         finally:
             os.close(descriptor)
 
+    def step_records(self, unique_ids: list[str]) -> dict[str, StepRecord]:
+        """The records of the steps ``unique_ids`` that the workspace holds, in a run or not."""
+        infos = self._step_infos(unique_ids)
+        return {
+            uid: record(getattr(info, "step_name", None) or uid, info)
+            for uid, info in infos.items()
+        }
+
     def _step_infos(self, unique_ids: list[str]) -> dict[str, Any]:
         database = self.dir / "stepinfo.sqlite"
         if not unique_ids or not database.is_file():

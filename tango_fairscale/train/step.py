@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import logging
 import signal
+from pathlib import Path
 from typing import Any
 
 from tango import Format, Step
@@ -18,8 +20,11 @@ from ..data.schedules import BatchSchedule
 from ..evaluation.call import GenerationSettings
 from ..model.causal_lm import ModelWrapper
 from ..model.fingerprint import FingerprintedLazy
+from ..parallel.consolidate import full_state_dict
+from ..parallel.model_only import finish_work_dir
 from ..parallel.safe_load import load_torch_file
-from ..records.checkpoints import run_id
+from ..records.checkpoints import CheckpointError, run_id
+from ..records.retention import finished_checkpoint
 from ..runtime import launcher
 from ..runtime.devices import job_devices
 from ..runtime.process_group import hosted_store
@@ -30,6 +35,8 @@ from .checkpoints import TrainingStopped, resume_hint
 from .format import ModelFormat
 from .log import TRAINING_LOG, read_training_log
 from .loop import FINAL_WEIGHTS, TrainPlan, spawned_worker, train_worker
+
+logger = logging.getLogger(__name__)
 
 
 @Step.register("tango_fairscale::train")
@@ -62,10 +69,16 @@ class TrainStep(Step[ModelWrapper]):
         ``"arc_easy/acc"``; default: the first task's first metric.
     :param checkpoint_every: steps between checkpoints; a rerun resumes from the newest one whose
         files match its manifest (sizes and SHA-256 digests, recorded while writing).
-    :param keep_checkpoints: complete checkpoints kept, the newest ones: once a checkpoint is
-        complete, all but the newest ``keep_checkpoints`` are deleted. A rerun whose newest
-        checkpoint is damaged (a file missing, truncated, altered, or from another checkpoint)
-        resumes from the one before and logs why, so ``1`` leaves nothing to fall back to.
+    :param keep_checkpoints: complete checkpoints kept while the run trains, the newest ones:
+        once a checkpoint is complete, all but the newest ``keep_checkpoints`` are deleted. A
+        rerun whose newest checkpoint is damaged (a file missing, truncated, altered, or from
+        another checkpoint) resumes from the one before and logs why, so ``1`` leaves nothing to
+        fall back to. Once the run finishes, only its final checkpoint is kept.
+    :param keep_optimizer_state: keep the optimizer state in the final checkpoint of a finished
+        run. By default it is dropped once the run finishes (the checkpoint rewritten model-only,
+        verified, with its manifest: it exports to the same weights, it does not resume), as
+        are the other checkpoints and the consolidated ``final_weights.pt``: the stored result
+        holds the model. GPT-2 124M with AdamW: a 1.5 GB checkpoint becomes 0.5 GB.
     :param device_count: processes, one per GPU (or CPU processes over gloo without GPUs).
     :param preemption_signal: on this signal (``SIGTERM``, ``SIGUSR1``, ...) every rank finishes
         its step, a checkpoint is written and the step fails with :class:`TrainingStopped`;
@@ -88,7 +101,8 @@ class TrainStep(Step[ModelWrapper]):
     and validation metrics by step, and its Tango hash is this step's unique id.
 
     ``log_every``, ``eval_batch_size``, ``distributed_port``, ``device_count``,
-    ``keep_checkpoints`` and ``pack_sequences`` are not part of the cache key: 1 or 8 devices,
+    ``keep_checkpoints``, ``keep_optimizer_state`` and ``pack_sequences`` are not part of the
+    cache key: 1 or 8 devices,
     packed or not, train the same model (up to float rounding). The model's files are
     (:meth:`massage_kwargs`): a model directory changed in place trains again.
 
@@ -116,6 +130,7 @@ class TrainStep(Step[ModelWrapper]):
         "collective_timeout_s",
         "pack_sequences",
         "keep_checkpoints",
+        "keep_optimizer_state",
     }
 
     @classmethod
@@ -147,6 +162,7 @@ class TrainStep(Step[ModelWrapper]):
         val_metric: str | None = None,
         checkpoint_every: int = 100,
         keep_checkpoints: int = 2,
+        keep_optimizer_state: bool = False,
         device_count: int = 1,
         log_every: int = 10,
         eval_batch_size: int = 32,
@@ -173,6 +189,7 @@ class TrainStep(Step[ModelWrapper]):
         positive_int("validate_every", validate_every, optional=True)
         if pack_sequences is not None:
             boolean("pack_sequences", pack_sequences)
+        boolean("keep_optimizer_state", keep_optimizer_state)
         one_of("preemption_signal", preemption_signal, PREEMPTION_SIGNALS)
         generation = GenerationSettings(max_gen_toks, generation_seed)
         if task.apply_chat_template or task.system_instruction is not None:
@@ -206,33 +223,36 @@ class TrainStep(Step[ModelWrapper]):
             distributed_port=distributed_port or 0,  # 0: a free port, bound before the spawn
             world_size=device_count,
         )
-        run_training(
-            TrainPlan(
-                config,
-                model,
-                engine,
-                pairs,
-                validation,
-                batch_size,
-                eval_batch_size,
-                signal.Signals[preemption_signal],
-                collective_timeout_s,
-                pack_sequences,
-                component_modules(model, engine, *(callbacks or [])),
-                list(callbacks or []),
-                self.workspace,
-                val_metric,
-                keep_checkpoints=keep_checkpoints,
-                generation=generation,
-            )
+        plan = TrainPlan(
+            config,
+            model,
+            engine,
+            pairs,
+            validation,
+            batch_size,
+            eval_batch_size,
+            signal.Signals[preemption_signal],
+            collective_timeout_s,
+            pack_sequences,
+            component_modules(model, engine, *(callbacks or [])),
+            list(callbacks or []),
+            self.workspace,
+            val_metric,
+            keep_checkpoints=keep_checkpoints,
+            generation=generation,
         )
-
+        finished = finished_checkpoint(plan.checkpoints)
+        if finished is None:
+            run_training(plan)
+            state = load_torch_file(self.work_dir / FINAL_WEIGHTS)
+        else:  # the run finished, its result was not stored: its final checkpoint holds the model
+            state = finished_model_state(finished)
         trained = model.construct()
         assert isinstance(trained, ModelWrapper)
-        state = load_torch_file(self.work_dir / FINAL_WEIGHTS)
         trained.load_state_dict(state)  # strict: every key of the consolidated model must match
         trained.training_log = read_training_log(self.work_dir / TRAINING_LOG)
         trained.origin = ("tango_fairscale::train", self.unique_id)  # no longer its base model
+        give_back_work_dir(self.work_dir, keep_optimizer_state)
         return trained
 
 
@@ -275,6 +295,34 @@ def component_modules(*components: Lazy) -> tuple[str, ...]:
             if name in names:
                 modules.append(cls.__module__)
     return tuple(dict.fromkeys(modules))
+
+
+def finished_model_state(checkpoint: Path) -> dict[str, Any]:
+    """The model of a finished run's final checkpoint (model-only), verified; one line if it
+    cannot be read."""
+    try:
+        return full_state_dict(checkpoint)
+    except CheckpointError as error:
+        raise ConfigurationError(
+            f"checkpoint {checkpoint}, the final model of this finished step, cannot be loaded "
+            f"({error}); delete {checkpoint.parent} to train this step again"
+        ) from None
+
+
+def give_back_work_dir(work_dir: Path, keep_optimizer_state: bool) -> None:
+    """Once a run finished: keep its final checkpoint only, without its optimizer state unless
+    ``keep_optimizer_state``, and delete ``final_weights.pt``
+    (:func:`~tango_fairscale.parallel.model_only.finish_work_dir`). A failure is logged: the
+    trained model is in hand, and every file left is intact."""
+    try:
+        freed = finish_work_dir(work_dir, keep_optimizer_state)
+    except (CheckpointError, OSError) as error:
+        logger.warning("the finished run's files were left as they are: %s", error)
+        return
+    if freed:
+        logger.info(
+            "freed %.1f MB of checkpoints and weights the stored model makes redundant", freed / 1e6
+        )
 
 
 def run_training(plan: TrainPlan) -> None:

@@ -26,8 +26,11 @@ from tango_fairscale.records.checkpoints import (
     clear_partials,
     commit,
     complete_checkpoints,
+    discard,
     file_record,
     find_checkpoint,
+    install,
+    latest_checkpoint,
     partial_dir,
     read_manifest,
     run_id,
@@ -68,6 +71,25 @@ def test_the_manifest_round_trips_and_refuses_any_change(tmp_path) -> None:
         Manifest.from_json(json.dumps(body))
     with pytest.raises(ValueError, match="not JSON"):
         Manifest.from_json(text[:-20])
+
+
+def test_a_model_only_manifest_says_so_and_others_keep_their_bytes() -> None:
+    files = {"rank0.pt": FileRecord(3, "ab" * 32)}
+    full, model_only = (
+        Manifest("rank-files", IDENTITY, files),
+        Manifest("rank-files", IDENTITY, files, model_only=True),
+    )
+    assert "model_only" not in full.to_json()  # a manifest of before: the same bytes, digest
+    assert Manifest.from_json(full.to_json()) == full and not full.model_only
+    assert Manifest.from_json(model_only.to_json()) == model_only
+    body = json.loads(model_only.to_json())
+    body["model_only"] = "yes"
+    body.pop("digest")
+    from tango_fairscale.records.manifest import _digest
+
+    body["digest"] = _digest(body)
+    with pytest.raises(ValueError, match="model_only is 'yes', not a boolean"):
+        Manifest.from_json(json.dumps(body))
 
 
 def test_a_manifest_naming_a_file_outside_the_checkpoint_is_refused() -> None:
@@ -152,6 +174,31 @@ def test_commit_renames_names_latest_and_keeps_the_newest(tmp_path) -> None:
     commit(again, keep=1)
     assert (checkpoints / "step0000400" / "rank0.pt").read_bytes() == b"again"
     assert sorted(path.name for path in checkpoints.iterdir()) == [LATEST, "step0000400"]
+
+
+def test_install_replaces_a_checkpoint_of_the_same_step(tmp_path) -> None:
+    checkpoints = tmp_path / "checkpoints"
+    commit(checkpoint(partial_dir(checkpoints, 100), 100), keep=2)
+    replacement = checkpoint(partial_dir(checkpoints, 100), 100, **{"rank0.pt": b"model only"})
+    assert install(replacement) == checkpoints / "step0000100"
+    assert (checkpoints / "step0000100" / "rank0.pt").read_bytes() == b"model only"
+    assert sorted(path.name for path in checkpoints.iterdir()) == [LATEST, "step0000100"]
+    discard(checkpoints / "step0000100")
+    assert sorted(path.name for path in checkpoints.iterdir()) == [LATEST]
+
+
+def test_latest_checkpoint_is_the_one_latest_names(tmp_path) -> None:
+    checkpoints = tmp_path / "checkpoints"
+    assert latest_checkpoint(checkpoints) is None
+    for step in (100, 200):
+        commit(checkpoint(partial_dir(checkpoints, step), step), keep=2)
+    assert latest_checkpoint(checkpoints) == checkpoints / "step0000200"
+    (checkpoints / LATEST).write_text("step0000100")  # a rerun that fell back to step 100
+    assert latest_checkpoint(checkpoints) == checkpoints / "step0000100"
+    (checkpoints / LATEST).write_text("step0000300")  # gone: the newest complete one
+    assert latest_checkpoint(checkpoints) == checkpoints / "step0000200"
+    (checkpoints / LATEST).write_text("../elsewhere")
+    assert latest_checkpoint(checkpoints) == checkpoints / "step0000200"
 
 
 def test_listing_ignores_everything_but_step_directories(tmp_path) -> None:

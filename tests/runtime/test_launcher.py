@@ -190,6 +190,12 @@ def test_two_nodes_train_like_one(
     assert_succeeded(nodes)
     assert_same_trained_weights(single_node_runs["fsdp2"], workspace)
     assert_one_completed_run_by_rank_0(workspace, nodes)
+    # Rank 0 gave the finished run's files back: the final checkpoint alone, model-only.
+    from tango_fairscale.records.checkpoints import read_manifest
+
+    [final] = workspace.glob("cache/TrainStep-*/work/checkpoints/step*")
+    assert read_manifest(final).model_only
+    assert not list(workspace.glob("cache/TrainStep-*/work/final_weights.pt"))
 
 
 @pytest.mark.slow
