@@ -82,13 +82,16 @@ class PhaseClock:
     def summary(self) -> dict[str, float]:
         return {phase: round(seconds, 2) for phase, seconds in self.seconds.items()}
 
-    def describe(self, steps: int) -> str:
-        """One line: each phase's seconds, the steps' mean."""
+    def describe(self, first: int, steps: int) -> str:
+        """One line: each phase's seconds; ``first`` steps were in ``first_step`` (one, unless
+        resumed), ``steps`` in all; the other steps' mean."""
         parts = []
         for phase, seconds in self.seconds.items():
-            if phase == "steps" and steps > 1:
-                each = seconds / (steps - 1) * 1e3
-                parts.append(f"{steps - 1} more steps {seconds:.1f} s ({each:.1f} ms each)")
+            if phase == "first_step" and first > 1:
+                parts.append(f"first {first} steps {seconds:.1f} s")
+            elif phase == "steps" and steps > first:
+                each = seconds / (steps - first) * 1e3
+                parts.append(f"{steps - first} more steps {seconds:.1f} s ({each:.1f} ms each)")
             else:
                 parts.append(f"{phase.replace('_', ' ')} {seconds:.1f} s")
         return "time split: " + ", ".join(parts)

@@ -96,6 +96,7 @@ class TrainingRun:
         self.bar = TrainingBar(self.start, config.train_steps, self.is_main)
         self.unread: StepLoss | None = None  # the previous step's loss, on its way to the host
         self.clock = PhaseClock()
+        self.first_logged = self.start  # the step whose log ended the first_step phase
         self.clock.seconds["setup"] = time.perf_counter() - started
 
     def steps(self) -> Any:
@@ -148,7 +149,11 @@ class TrainingRun:
         assert self.unread is not None
         self.guard.observe(done, self.unread.value())
         self.unread = None
-        self.clock.lap("first_step" if done == self.start + 1 else "steps")
+        if "first_step" in self.clock.seconds:
+            self.clock.lap("steps")
+        else:  # the first step's loss (the first log step's, after a resume) reached the host
+            self.clock.lap("first_step")
+            self.first_logged = done
         self.writer.check()
         preempted = any_rank(self.preemption.received, self.engine.device)
         mean_loss, tokens = _reduce_over_ranks(loss, self.throughput.tokens)
@@ -215,9 +220,12 @@ class TrainingRun:
         self.callbacks.call("post_train_loop", step, self.epoch(step))
         export_final_weights(self.engine, self.config.work_dir / FINAL_WEIGHTS, self.is_main)
         self.clock.lap("final")
+        if "first_step" not in self.clock.seconds:  # resumed with no step left: nothing to say
+            return
         self.log.write({"step": step + 1, "phases_s": self.clock.summary()})
         if self.is_main:
-            cli_logger.info("%s", self.clock.describe(step + 1 - self.start))
+            ran = step + 1 - self.start
+            cli_logger.info("%s", self.clock.describe(self.first_logged - self.start, ran))
 
 
 class StepLoss:
