@@ -28,6 +28,17 @@ def _register_components() -> None:
 _register_components()
 
 
+@pytest.fixture(autouse=True)
+def _environment_restored() -> Iterator[None]:
+    """Each test leaves ``os.environ`` as it found it. Tango's ``initialize_logging`` (run by
+    in-process ``tango run``s) exports its log level and log socket's port and its teardown
+    leaves them: a later test's subprocess would send its log records to a dead socket."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
 def shared_data_dir() -> Path:
     """Directory holding ``piqa/`` and ``gpt2-tokenizer/``."""
     path = Path(os.environ.get("TANGO_FAIRSCALE_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
