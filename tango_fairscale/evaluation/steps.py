@@ -78,7 +78,7 @@ class TaskScoresStep(Step[dict]):
                    task: {name: "arc_easy", num_fewshot: 2}}
     """
 
-    VERSION = "001"
+    VERSION = "002"  # 002: log-likelihoods summed in float64
     DETERMINISTIC = True
     CACHEABLE = True
     FORMAT = JsonFormat()

@@ -54,7 +54,9 @@ class ModelWrapper(Model, CustomDetHash):
     :func:`tango_fairscale.data.batches.collate` (``labels`` may stay on the CPU: the scored
     positions are then picked there, without waiting for the device) and returns
 
-    * ``loglikelihood`` ``(B,)``: the summed log-probability of each row's labelled tokens;
+    * ``loglikelihood`` ``(B,)``, float64: the summed log-probability of each row's labelled
+      tokens (their fp32 values summed in float64, so that a row's score does not depend on
+      the batch it is in: :func:`~.loss.row_sums`);
     * ``num_tokens`` ``(B,)``: how many tokens each row scores;
     * ``loss``: the mean over rows of the per-token cross-entropy of each row — the same for any
       split of a batch into equal parts, so data-parallel ranks average to the global loss.

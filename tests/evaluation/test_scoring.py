@@ -1,9 +1,11 @@
 """Batched scoring (``tango_fairscale.evaluation.scoring``) against one query at a time through the
-model's own forward, and the task scores step's own options (precision, packing, bad values).
-Exactness against lm-evaluation-harness itself is in ``test_lm_eval_exact.py``."""
+model's own forward, the same scores whatever the batching at log-likelihoods in the thousands,
+and the task scores step's own options (precision, packing, bad values). Exactness against
+lm-evaluation-harness itself is in ``test_lm_eval_exact.py``."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -11,7 +13,9 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import choice_queries
+from conftest import TINY_GPT2, choice_queries
+from helpers.steep import STEEP, exact_log_likelihood, random_queries
+from helpers.tokenizer import vocabulary_fields
 
 from tango_fairscale.data.queries import Query
 from tango_fairscale.data.schedules import length_sorted_batches
@@ -146,6 +150,41 @@ def test_greedy_flags_equal_the_argmax_of_one_query_at_a_time(
     assert [flag for _, flag in answers] == [flag for _, flag in expected]
     assert all(flag for _, flag in answers[len(queries) : 2 * len(queries)])
     assert not any(flag for _, flag in answers[2 * len(queries) :])
+
+
+# The same scores whatever the batching, at log-likelihoods in the thousands -------------------
+
+
+@pytest.fixture(scope="module")
+def steep_model(tokenizer_dir: Path) -> ModelWrapper:
+    """A tiny seeded GPT-2 with log-likelihoods in the thousands (``helpers/steep.py``)."""
+    config = {**TINY_GPT2, **vocabulary_fields(tokenizer_dir), **STEEP}
+    return ModelWrapper(config=config, tokenizer=str(tokenizer_dir), seed=1).eval()
+
+
+def test_scores_do_not_depend_on_batching_at_large_log_likelihoods(
+    steep_model: ModelWrapper,
+) -> None:
+    """Every query's log-likelihood, to |ll| ~2,000, is the same within 1e-4 alone, in batches of
+    1, 3 and 16, packed or not, among other neighbours, and equals the exact sum of its
+    per-token log-probabilities (float32 sums in batch order: up to 3.4e-4 off, 2.4e-4 apart)."""
+    model = steep_model
+    vocab = model.model.config.vocab_size
+    queries = random_queries(0, vocab, longest=185)
+    exact = np.array([exact_log_likelihood(model.model, query) for query in queries])
+    assert 1_000 < np.abs(exact).max() <= 2_000
+    alone = np.array([cpu_scores(model, [query], 1)[0] for query in queries])
+    np.testing.assert_allclose(alone, exact, rtol=0, atol=1e-4)
+    others = random_queries(1, vocab, longest=185)
+    order = list(range(len(queries)))
+    random.Random(2).shuffle(order)
+    for packed in (False, True):
+        for size in (1, 3, 16):
+            scores = cpu_scores(model, queries, size, packed=packed)
+            np.testing.assert_allclose(scores, alone, rtol=0, atol=1e-4, err_msg=f"{size} {packed}")
+        # Other neighbours: shuffled, among other queries.
+        mixed = cpu_scores(model, [queries[i] for i in order] + others, 5, packed=packed)
+        np.testing.assert_allclose(mixed[: len(queries)], alone[order], rtol=0, atol=1e-4)
 
 
 def piqa_spec(examples: list) -> TaskSpec:

@@ -17,8 +17,11 @@ from pathlib import Path
 from typing import Any
 
 
-def evaluate_on_ranks(plan: Any, specs: list[Any], batch_size: int) -> list[dict[str, Any]]:
-    """Each rank's ``{"results": [...], "calls": int}``, by rank."""
+def evaluate_on_ranks(
+    plan: Any, specs: list[Any], batch_size: int, packed: bool = False
+) -> list[dict[str, Any]]:
+    """Each rank's ``{"results": [...], "calls": int}``, by rank (``packed``: scoring batches
+    packed)."""
     from tango_fairscale.runtime.process_group import hosted_store
     from tango_fairscale.runtime.spawn import run_workers
 
@@ -28,7 +31,7 @@ def evaluate_on_ranks(plan: Any, specs: list[Any], batch_size: int) -> list[dict
     with hosted_store(config):
         run_workers(
             _worker,
-            (plan, specs, batch_size),
+            (plan, specs, batch_size, packed),
             config.world_size,
             signal.SIGTERM,
             preload=("tango_fairscale.train.loop", *plan.component_modules),
@@ -39,7 +42,7 @@ def evaluate_on_ranks(plan: Any, specs: list[Any], batch_size: int) -> list[dict
     ]
 
 
-def _worker(rank: int, plan: Any, specs: list[Any], batch_size: int) -> None:
+def _worker(rank: int, plan: Any, specs: list[Any], batch_size: int, packed: bool) -> None:
     import torch
 
     from tango_fairscale.evaluation.call import EvalOptions, ModelCall
@@ -69,7 +72,8 @@ def _worker(rank: int, plan: Any, specs: list[Any], batch_size: int) -> None:
             return forward(batch)
 
         call.forward = counted
-        evaluator = Evaluator(call, EvalOptions(batch_size=batch_size, progress=False))
+        options = EvalOptions(batch_size=batch_size, packed=packed, progress=False)
+        evaluator = Evaluator(call, options)
         results = [evaluator.evaluate(spec) for spec in specs]
         path = Path(config.work_dir) / f"rank{rank}.json"
         path.write_text(json.dumps({"results": results, "calls": calls}))

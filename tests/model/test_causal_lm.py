@@ -65,12 +65,13 @@ def test_gelu_is_fused_and_the_model_computes_the_same(tiny_model_dir: Path) -> 
 def _reference_row_losses(
     head: torch.nn.Linear, hidden: torch.Tensor, targets: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every position's logits, per-token cross-entropy, summed and averaged per row."""
+    """Every position's logits, per-token cross-entropy, averaged per row and summed per row in
+    float64 (as the scorer sums them)."""
     token_nll = F.cross_entropy(
         head(hidden).flatten(0, 1), targets.flatten(), reduction="none", ignore_index=-100
     ).view(targets.shape)
-    row_nll = token_nll.sum(dim=1)
-    return row_nll / (targets != -100).sum(dim=1).clamp(min=1), row_nll
+    row_mean = token_nll.sum(dim=1) / (targets != -100).sum(dim=1).clamp(min=1)
+    return row_mean, token_nll.double().sum(dim=1)
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -90,6 +91,7 @@ def test_scored_row_nll_equals_full_logits_cross_entropy_in_values_and_gradients
     ref_mean, ref_nll = _reference_row_losses(head, hidden, targets)
     torch.testing.assert_close(row_mean, ref_mean)
     torch.testing.assert_close(row_nll, ref_nll)
+    assert row_nll.dtype == torch.float64
     assert num_tokens.tolist() == [2, 6, 0, 3]
     assert not row_nll.requires_grad
 

@@ -31,16 +31,17 @@ def padded_rows(vocab: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 
 def own_forward(model, ids, labels, mask=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's summed log-likelihood of its labels and the loss (the mean over rows of the
-    per-token NLL), from the model's own logits (ModelWrapper's shift: input t predicts t + 1)."""
+    """Each row's summed log-likelihood of its labels (summed in float64, as the scorer does) and
+    the loss (the mean over rows of the per-token NLL), from the model's own logits
+    (ModelWrapper's shift: input t predicts t + 1)."""
     kwargs = {} if mask is None else {"attention_mask": mask[:, :-1]}
     logits = model(input_ids=ids[:, :-1], use_cache=False, **kwargs).logits.float()
     targets = labels[:, 1:]
     scored = targets != -100
     logprobs = torch.log_softmax(logits, dim=-1)
     token_ll = logprobs.gather(-1, targets.clamp(min=0)[..., None])[..., 0] * scored
-    row_ll = token_ll.sum(dim=1)
-    return row_ll, (-row_ll / scored.sum(dim=1)).mean()
+    loss = (-token_ll.sum(dim=1) / scored.sum(dim=1)).mean()
+    return token_ll.double().sum(dim=1), loss
 
 
 def perturbed(name, tokenizer_dir, **overrides) -> nn.Module:
