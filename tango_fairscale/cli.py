@@ -238,7 +238,7 @@ def _run(args: argparse.Namespace) -> int:
     from datetime import timedelta
 
     from .runtime import launcher
-    from .train.step import join_training
+    from .train.launch import join_training
 
     timeout = timedelta(seconds=args.rendezvous_timeout)
     try:
