@@ -70,7 +70,7 @@ class TaskSpec(FromParams, CustomDetHash):
     :param fewshot_seed: seeds the choice of few-shot examples (lm-eval's default 1234).
     :param limit: score only the first ``limit`` documents (``null``: all).
     :param strict: refuse a document that cannot be scored (its answer is not one of its
-        choices, say; see :mod:`~tango_fairscale.tasks.documents`) in one line naming its file
+        choices, say; see :mod:`~tango_fairscale.tasks.answers`) in one line naming its file
         and line (``true``, the default), or leave such documents out of a task's own
         ``data_dir`` or ``dataset``, logging how many (``false``).
     :param apply_chat_template: prompts in the tokenizer's chat template (lm-eval's
@@ -196,7 +196,7 @@ class TaskSpec(FromParams, CustomDetHash):
 def load_tasks(spec: TaskSpec, *, training: bool = False) -> TaskDict:
     """lm-eval's tasks for ``spec`` (a group's leaves too), with its few-shot settings applied as
     ``lm_eval.simple_evaluate`` applies them, and the documents a run reads checked
-    (:mod:`~tango_fairscale.tasks.documents`): those of the split each task scores, of its
+    (:mod:`~tango_fairscale.tasks.answers`): those of the split each task scores, of its
     few-shot split when ``num_fewshot`` > 0 and, when ``training``, of its training split.
 
     Raises one-line ``ConfigurationError`` s for an unknown name (with the closest), a task that
