@@ -210,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "results":
             return _results(args)
         if args.command == "eval":
-            return eval_cli.run(args)
+            return eval_cli.run(args, PROG)
         if args.command == "run":
             return _run(args)
         if args.command == "export":
@@ -223,7 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return command(
                 args.workspace, args.runs, args.all_checkpoints, args.unfinished, args.dry_run
             )
-    except (ResultsError, CommandError, OSError) as error:
+    except (ResultsError, CommandError, eval_cli.EvalError, OSError) as error:
         message = " ".join(str(error).split()) or type(error).__name__
         print(f"{PROG}: error: {message}", file=sys.stderr)
         return 2
@@ -238,7 +238,7 @@ def _run(args: argparse.Namespace) -> int:
     from datetime import timedelta
 
     from .runtime import launcher
-    from .train.step import join_training
+    from .train.launch import join_training
 
     timeout = timedelta(seconds=args.rendezvous_timeout)
     try:

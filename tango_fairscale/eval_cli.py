@@ -32,7 +32,8 @@ import sys
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+
+from .eval_results import header, lm_eval_results, results_file, results_tables, write_results
 
 #: The config and settings the command runs: the repository's (next to the package).
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -62,6 +63,24 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "'tango run configs/mc_suite.jsonnet' with these settings (the same cached steps), "
         "then lm-eval's results table, and its results JSON with --output_path.",
     )
+    _add_settings(parser)
+    parser.add_argument(
+        "-w",
+        "--workspace",
+        metavar="WORKSPACE",
+        help=f"Tango workspace holding the cached steps (default {_home(default_workspace())}; "
+        "'tango-fairscale results -w WORKSPACE' lists its runs)",
+    )
+    parser.add_argument(
+        "--output_path",
+        metavar="PATH",
+        help="write lm-eval's results JSON as lm_eval does: PATH.json -> PATH_<date>.json; a "
+        "directory -> PATH/<model>/results_<date>.json",
+    )
+
+
+def _add_settings(parser: argparse.ArgumentParser) -> None:
+    """The options that become the config's variables (and ``--batch_size``'s override)."""
     parser.add_argument(
         "--model", required=True, metavar="PATH_OR_ID", help="model directory or hub id"
     )
@@ -110,63 +129,11 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         metavar="DIR",
         help="local task data: DIR/<task>/<split>.jsonl (default: the tasks' hub datasets)",
     )
-    parser.add_argument(
-        "-w",
-        "--workspace",
-        metavar="WORKSPACE",
-        help=f"Tango workspace holding the cached steps (default {_home(default_workspace())}; "
-        "'tango-fairscale results -w WORKSPACE' lists its runs)",
-    )
-    parser.add_argument(
-        "--output_path",
-        metavar="PATH",
-        help="write lm-eval's results JSON as lm_eval does: PATH.json -> PATH_<date>.json; a "
-        "directory -> PATH/<model>/results_<date>.json",
-    )
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run the command; returns its exit code (``tango run``'s when that fails)."""
-    from .cli import PROG
-
-    try:
-        return _evaluate(args)
-    except EvalError as error:
-        message = " ".join(str(error).split()) or type(error).__name__
-        print(f"{PROG}: error: {message}", file=sys.stderr)
-        return 2
-
-
-def tango_arguments(args: argparse.Namespace, workspace: str, name: str) -> list[str]:
-    """The ``tango`` command line (without the program) that evaluates ``args``."""
-    defines = {
-        "model": args.model,
-        "tasks": ",".join(args.tasks),
-        "num_fewshot": str(args.num_fewshot),
-        "limit": str(args.limit),
-        "train_steps": "0",
-    }
-    for field in ("precision", "device_count", "engine", "task_data_dir"):
-        value = getattr(args, field)
-        if value is not None:
-            defines[field] = str(value)
-    argv = ["--settings", str(SETTINGS), "run", str(CONFIG), "-w", workspace, "-n", name]
-    for key, value in defines.items():
-        argv += ["-D", f"{key}={value}"]
-    if args.batch_size is not None:  # Tango's overrides: a dotted path per field
-        dotted = [task for task in args.tasks if "." in task]
-        if dotted:
-            raise EvalError(
-                f"--batch_size cannot be set for a task with a dot in its name: {dotted[0]!r}"
-            )
-        overrides = {f"steps.scores_{task}.batch_size": args.batch_size for task in args.tasks}
-        argv += ["-o", json.dumps(overrides)]
-    return argv
-
-
-def _evaluate(args: argparse.Namespace) -> int:
-    from .cli import PROG
-
+def run(args: argparse.Namespace, prog: str) -> int:
+    """Run the command (``prog``: the program, for its messages); returns its exit code
+    (``tango run``'s when that fails). Raises :class:`EvalError` for a problem to report."""
     if not CONFIG.is_file() or not SETTINGS.is_file():
         raise EvalError(
             f"{CONFIG} not found: 'eval' runs the repository's configs/mc_suite.jsonnet; install "
@@ -196,8 +163,35 @@ def _evaluate(args: argparse.Namespace) -> int:
     print(results_tables(results))
     if args.output_path:
         path = write_results(results, args.output_path)
-        print(f"{PROG}: wrote {path}", file=sys.stderr)
+        print(f"{prog}: wrote {path}", file=sys.stderr)
     return 0
+
+
+def tango_arguments(args: argparse.Namespace, workspace: str, name: str) -> list[str]:
+    """The ``tango`` command line (without the program) that evaluates ``args``."""
+    defines = {
+        "model": args.model,
+        "tasks": ",".join(args.tasks),
+        "num_fewshot": str(args.num_fewshot),
+        "limit": str(args.limit),
+        "train_steps": "0",
+    }
+    for field in ("precision", "device_count", "engine", "task_data_dir"):
+        value = getattr(args, field)
+        if value is not None:
+            defines[field] = str(value)
+    argv = ["--settings", str(SETTINGS), "run", str(CONFIG), "-w", workspace, "-n", name]
+    for key, value in defines.items():
+        argv += ["-D", f"{key}={value}"]
+    if args.batch_size is not None:  # Tango's overrides: a dotted path per field
+        dotted = [task for task in args.tasks if "." in task]
+        if dotted:
+            raise EvalError(
+                f"--batch_size cannot be set for a task with a dot in its name: {dotted[0]!r}"
+            )
+        overrides = {f"steps.scores_{task}.batch_size": args.batch_size for task in args.tasks}
+        argv += ["-o", json.dumps(overrides)]
+    return argv
 
 
 def _tango(argv: list[str]) -> int:
@@ -247,91 +241,6 @@ def check(argv: list[str]) -> None:
         if brief is None:
             raise
         raise EvalError(brief) from None
-
-
-def lm_eval_results(
-    workspace: str, run_name: str, args: argparse.Namespace, started: float
-) -> dict[str, Any]:
-    """lm-eval's results JSON of the run's ``metrics`` step, with a ``config`` as lm-eval
-    writes one and the fields its ``EvaluationTracker`` adds (``started``: the command's
-    ``time.time()`` at its start)."""
-    from dataclasses import asdict
-
-    from lm_eval.loggers.evaluation_tracker import GeneralConfigTracker
-    from tango import Workspace
-
-    metrics = Workspace.from_url(workspace).step_result_for_run(run_name, "metrics")
-    results = dict(metrics["lm_eval"])
-    scored = results.pop("config", {})
-    results["config"] = {
-        "model": "tango_fairscale",
-        "model_args": f"pretrained={args.model}",
-        "batch_size": args.batch_size or 256,
-        "batch_sizes": [],
-        "device": scored.get("device"),
-        "precision": scored.get("precision"),
-        "limit": args.limit or None,
-        "num_fewshot": args.num_fewshot,
-        "workspace": workspace,
-        "run": run_name,
-    }
-    results["date"] = started
-    tracker = GeneralConfigTracker()
-    tracker.log_experiment_args(
-        model_source="tango_fairscale",
-        model_args=f"pretrained={args.model}",
-        system_instruction=None,
-        chat_template=None,
-        fewshot_as_multiturn=False,
-    )
-    tracker.total_evaluation_time_seconds = str(time.time() - started)
-    results["task_hashes"] = {}
-    results.update(asdict(tracker))
-    return results
-
-
-def header(args: argparse.Namespace) -> str:
-    """The line lm_eval prints above its table."""
-    return (
-        f"tango_fairscale (pretrained={args.model}), gen_kwargs: (None), "
-        f"limit: {args.limit or None}, num_fewshot: {args.num_fewshot}, "
-        f"batch_size: {args.batch_size or 256}"
-    )
-
-
-def results_tables(results: dict[str, Any]) -> str:
-    """lm-eval's tables of ``results``: tasks, then groups when there are any."""
-    from lm_eval.utils import make_table
-
-    tables = [make_table(results)]
-    if results.get("groups"):
-        tables.append(make_table(results, "groups"))
-    return "\n".join(tables)
-
-
-def write_results(results: dict[str, Any], output_path: str) -> Path:
-    """Write ``results`` where lm-eval 0.4.13's ``EvaluationTracker.save_results_aggregated``
-    writes them; returns the file."""
-    from lm_eval.utils import handle_non_serializable
-
-    date_id = datetime.now().isoformat().replace(":", "-")
-    target = results_file(output_path, str(results["model_name"]), date_id)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    dumped = json.dumps(results, indent=2, default=handle_non_serializable, ensure_ascii=False)
-    target.write_text(dumped, encoding="utf-8")
-    return target
-
-
-def results_file(output_path: str, model_name: str, date_id: str) -> Path:
-    """Where ``lm_eval --output_path OUTPUT_PATH`` writes its results (``EvaluationTracker``):
-    ``<stem>_<date>.json`` beside a ``.json`` path, else
-    ``OUTPUT_PATH/<model name sanitized>/results_<date>.json``."""
-    from lm_eval.utils import sanitize_model_name
-
-    path = Path(output_path)
-    if path.suffix == ".json":
-        return path.with_name(f"{path.stem}_{date_id}.json")
-    return path / sanitize_model_name(model_name) / f"results_{date_id}.json"
 
 
 def _task_list(text: str) -> list[str]:

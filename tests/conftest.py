@@ -186,8 +186,8 @@ def train_in(
     from tango.integrations.torch import Model, TrainConfig, TrainingEngine
 
     from tango_fairscale.tasks.lm_eval import TaskSpec, load_tasks, training_pairs
+    from tango_fairscale.train.launch import run_training
     from tango_fairscale.train.loop import TrainPlan
-    from tango_fairscale.train.step import run_training
 
     config = TrainConfig(
         "test",

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from tango_fairscale.cli import main
-from tango_fairscale.eval_cli import tango_arguments, write_results
+from tango_fairscale.eval_cli import tango_arguments
+from tango_fairscale.eval_results import write_results
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "tasks"

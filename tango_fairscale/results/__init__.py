@@ -23,8 +23,9 @@ from typing import Any, Union
 
 from ..train.log import TRAINING_LOG, read_training_log
 from .distinct import fold_reruns, labels
+from .metrics import TaskMetrics, task_metrics
 from .plot import draw_curves, plot_formats
-from .report import TaskMetrics, format_table, task_metrics
+from .report import format_table
 from .run_state import StepStatus, step_statuses
 from .summary import METRICS_STEP, RUN_INFO, TRAIN_STEP, RunSummary, summarise, train_file
 from .workspace import ResultsError, RunRecord, WorkspaceReader, open_reader

@@ -1,17 +1,18 @@
 """One run's summary (:class:`RunSummary`): its configuration, its own status and timings, its
 scored tasks and metrics, read from step infos, the metrics result and the training step's
-``run_info.json`` (pure Python: no torch, no Tango)."""
+``run_info.json`` (pure Python: no torch, no Tango); as JSON in lm-eval's shape."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..train.log import TRAINING_LOG
-from .report import TaskMetrics, run_json, task_metrics
+from .metrics import TaskMetrics, task_metrics
 from .run_state import StepStatus, run_status, step_statuses, wall_time
 from .step_infos import StepRecord
 from .workspace import RunRecord, WorkspaceReader
@@ -28,6 +29,8 @@ _TRAIN = "tango_fairscale::train"
 _SCORES = "tango_fairscale::task_scores"
 _METRICS = "tango_fairscale::task_metrics"
 _PREFIX = "tango_fairscale::"
+# lm-eval's keys of a results JSON, copied into a run's JSON.
+_LM_EVAL_KEYS = "results groups group_subtasks n-shot n-samples versions higher_is_better".split()
 
 
 @dataclass(frozen=True)
@@ -265,3 +268,68 @@ def _scoring_order(run: RunRecord) -> list[StepRecord]:
     listed = [r.get("ref") for r in refs if isinstance(r, dict)] if isinstance(refs, list) else []
     first = [run.steps[name] for name in listed if name in run.steps]
     return first + [step for step in run.steps.values() if step not in first]
+
+
+def run_json(summary: RunSummary) -> dict[str, Any]:
+    """``summary`` in lm-eval's shape: the run's fields, ``config`` (the run's configuration over
+    lm-eval's ``config`` if any), ``steps``, the flat ``metrics`` and lm-eval's ``results``,
+    ``groups``, ``n-shot``, ``n-samples``, ...; NaN as ``None``."""
+    config = {
+        "model": summary.model,
+        "engine": summary.engine,
+        "precision": summary.precision,
+        "requested_precision": summary.requested_precision,
+        "precision_recorded": summary.precision_recorded,
+        "device_count": summary.device_count,
+        "train_steps": summary.train_steps,
+        "batch_size": summary.batch_size,
+        "lr": summary.lr,
+        "seed": summary.seed,
+        "tasks": list(summary.task_names),
+        "limit": summary.limit,
+        "host": summary.host,
+    }
+    steps = {}
+    for name, status in summary.steps.items():
+        times = status.own or status.reused  # else the record is not this run's
+        steps[name] = {
+            "state": status.state,
+            "reused": status.reused,
+            "unique_id": status.record.unique_id,
+            "start_time": _iso(status.record.start_time) if times else None,
+            "end_time": _iso(status.record.end_time) if times else None,
+        }
+    data: dict[str, Any] = {
+        "name": summary.name,
+        "status": summary.status,
+        "error": summary.error,
+        "start_date": _iso(summary.start_date),
+        "wall_time_s": summary.wall_time_s,
+        "train_time_s": summary.train_time_s,
+        "training_log": summary.training_log,
+        "reruns": list(summary.reruns),
+        "config": config,
+        "steps": steps,
+        "metrics": None,
+    }
+    if summary.metrics is not None:
+        data["metrics"] = {k: v for k, v in summary.metrics.items() if k != "lm_eval"}
+        lm_eval = summary.lm_eval
+        data.update({key: lm_eval[key] for key in _LM_EVAL_KEYS if key in lm_eval})
+        lm_config = lm_eval.get("config")
+        data["config"] = {**(lm_config if isinstance(lm_config, dict) else {}), **config}
+    return _json_safe(data)
+
+
+def _iso(value: dt.datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(item) for item in value]
+    return value

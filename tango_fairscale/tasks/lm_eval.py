@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
-import json
 import logging
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,19 +17,14 @@ from tango.common.det_hash import CustomDetHash
 from tango.common.exceptions import ConfigurationError
 
 from .. import compat  # noqa: F401  (Tango fixes)
-from ..checks import boolean, did_you_mean, one_line, positive_int, reason, text
+from ..checks import boolean, one_line, positive_int, text
 from ..compat.lm_eval import compile_templates_once, label_request_bars
 from ..records.fingerprint import local_fingerprint
-from .documents import (
-    BadAnswer,
-    LocalDocuments,
-    Problem,
-    answer_indices,
-    find_problems,
-    process_documents,
-    refusal,
-)
+from .answers import BadAnswer, answer_indices, find_problems
+from .builtin import builtin, full_task_manager
+from .documents import LocalDocuments, refusal
 from .generation import check_generation_task, refuse_code_execution
+from .local_data import data_files, keep_splits, load_local, read_documents, splits_read
 from .local_files import dataset_files, yaml_files
 
 logger = logging.getLogger(__name__)
@@ -78,7 +70,7 @@ class TaskSpec(FromParams, CustomDetHash):
     :param fewshot_seed: seeds the choice of few-shot examples (lm-eval's default 1234).
     :param limit: score only the first ``limit`` documents (``null``: all).
     :param strict: refuse a document that cannot be scored (its answer is not one of its
-        choices, say; see :mod:`~tango_fairscale.tasks.documents`) in one line naming its file
+        choices, say; see :mod:`~tango_fairscale.tasks.answers`) in one line naming its file
         and line (``true``, the default), or leave such documents out of a task's own
         ``data_dir`` or ``dataset``, logging how many (``false``).
     :param apply_chat_template: prompts in the tokenizer's chat template (lm-eval's
@@ -143,11 +135,11 @@ class TaskSpec(FromParams, CustomDetHash):
         lm-eval does not know, a ``yaml`` or ``data_dir`` that is not there."""
         local = self.data_dir is not None or self.dataset is not None
         if self.name is not None:
-            _builtin(self.name, local)
+            builtin(self.name, local)
         if self.yaml is not None and not Path(self.yaml).expanduser().is_file():
             raise ConfigurationError(f"task YAML {self.yaml!r} does not exist")
         if self.data_dir is not None:
-            _data_files(self.data_dir, self.label)
+            data_files(self.data_dir, self.label)
 
     @classmethod
     def from_params(  # type: ignore[override]
@@ -204,7 +196,7 @@ class TaskSpec(FromParams, CustomDetHash):
 def load_tasks(spec: TaskSpec, *, training: bool = False) -> TaskDict:
     """lm-eval's tasks for ``spec`` (a group's leaves too), with its few-shot settings applied as
     ``lm_eval.simple_evaluate`` applies them, and the documents a run reads checked
-    (:mod:`~tango_fairscale.tasks.documents`): those of the split each task scores, of its
+    (:mod:`~tango_fairscale.tasks.answers`): those of the split each task scores, of its
     few-shot split when ``num_fewshot`` > 0 and, when ``training``, of its training split.
 
     Raises one-line ``ConfigurationError`` s for an unknown name (with the closest), a task that
@@ -217,10 +209,15 @@ def load_tasks(spec: TaskSpec, *, training: bool = False) -> TaskDict:
     label_request_bars()
     manager, item, documents = _source(spec)
     if documents is not None:
-        return _load_local(manager, item, documents, spec, training)
+        splits = splits_read(item, _num_fewshot(spec, item.get("num_fewshot")), training)
+        load = functools.partial(_load, manager, spec=spec)
+        loaded, skipped = load_local(load, item, documents, splits, spec.label, spec.strict)
+        if skipped:
+            _report_skipped(spec, skipped)
+        return loaded
     loaded = _load(manager, item, spec)
     for name, task in loaded["tasks"].items():
-        splits = _splits_read(task.config, task.get_config("num_fewshot"), training)
+        splits = splits_read(task.config, task.get_config("num_fewshot"), training)
         dataset = getattr(task, "dataset", None) or {}
         problems = find_problems(task, {s: dataset[s] for s in splits if s in dataset})
         if problems:
@@ -257,60 +254,6 @@ def _num_fewshot(spec: TaskSpec, configured: int | None) -> int:
     return configured or 0
 
 
-def _load_local(
-    manager: Any, config: dict[str, Any], documents: LocalDocuments, spec: TaskSpec, training: bool
-) -> TaskDict:
-    """:func:`load_tasks` for one task over its own ``documents``: loaded, checked, and with
-    ``strict: false`` loaded again without the documents that fail the checks."""
-    splits = _splits_read(config, _num_fewshot(spec, config.get("num_fewshot")), training)
-    skipped: list[str] = []
-    for _ in range(3):  # a document that fails lm-eval's own loading may hide others
-        try:
-            loaded = _load(manager, {**config, "custom_dataset": documents}, spec)
-        except Exception as error:
-            problems = _diagnose(manager, config, documents, spec, splits)
-            if not problems:
-                if isinstance(error, ConfigurationError):
-                    raise
-                raise ConfigurationError(
-                    f"task {spec.label!r}: lm-eval cannot load it ({reason(error)})"
-                ) from None
-        else:
-            (task,) = loaded["tasks"].values()
-            problems = find_problems(task, {split: documents.splits[split] for split in splits})
-            if not problems:
-                if skipped:
-                    _report_skipped(spec, skipped)
-                    loaded["skipped_documents"] = {task.task_name: len(skipped)}
-                return loaded
-        if spec.strict or any(problem.row is None for problem in problems):
-            raise ConfigurationError(refusal(spec.label, problems[0], documents))
-        skipped += [problem.where(documents) for problem in problems]
-        documents = documents.without(problems)
-    raise ConfigurationError(f"task {spec.label!r}: its documents keep failing lm-eval's loading")
-
-
-def _diagnose(
-    manager: Any, config: dict[str, Any], documents: LocalDocuments, spec: TaskSpec, splits: list
-) -> list[Problem]:
-    """The documents that made lm-eval fail to build the task: those its ``process_docs``
-    fails on, else — when it builds without it — the first scored document (lm-eval reads that
-    one while building a task) and any other that fails the checks."""
-    problems = []
-    for split, rows in documents.splits.items():
-        problems += process_documents(config.get("process_docs"), split, rows)[1]
-    scored = config.get("test_split") or config.get("validation_split")
-    if problems or scored is None or len(documents.splits[scored]) < 2:
-        return problems
-    rest = documents.without([Problem(scored, 0, "")])
-    try:
-        loaded = _load(manager, {**config, "custom_dataset": rest}, spec)
-    except Exception:
-        return []
-    (task,) = loaded["tasks"].values()
-    return find_problems(task, {split: documents.splits[split] for split in splits})
-
-
 def _report_skipped(spec: TaskSpec, where: list[str]) -> None:
     shown = ", ".join(where[:5]) + (f" and {len(where) - 5} more" if len(where) > 5 else "")
     logger.warning(
@@ -319,29 +262,6 @@ def _report_skipped(spec: TaskSpec, where: list[str]) -> None:
         len(where),
         shown,
     )
-
-
-def _splits_read(config: Any, num_fewshot: int | None, training: bool) -> list[str]:
-    """The splits whose documents a run reads, of a task's config (a dict or lm-eval's
-    ``TaskConfig``): the scored one (test, else validation), the few-shot one when
-    ``num_fewshot`` > 0 (lm-eval's: the few-shot split, else training, else validation, else
-    test; none when the config lists its examples) and, when ``training``, the training split."""
-
-    def get(source: Any, key: str) -> Any:
-        return source.get(key) if isinstance(source, Mapping) else getattr(source, key, None)
-
-    test, validation, train = (
-        get(config, f"{key}_split") for key in ("test", "validation", "training")
-    )
-    fewshot = get(config, "fewshot_config")
-    named = get(fewshot, "split") if fewshot is not None else None
-    named = named or get(config, "fewshot_split")
-    splits = [test or validation]
-    if num_fewshot and (named or fewshot is None or get(fewshot, "samples") is None):
-        splits.append(named or train or validation or test)
-    if training:
-        splits.append(train)
-    return [split for split in dict.fromkeys(splits) if split is not None]
 
 
 def _source(spec: TaskSpec) -> tuple[Any, Any, LocalDocuments | None]:
@@ -364,65 +284,21 @@ def _source(spec: TaskSpec) -> tuple[Any, Any, LocalDocuments | None]:
             ) from None
     else:
         assert spec.name is not None
-        kind, yaml_path = _builtin(spec.name, local)
+        kind, yaml_path = builtin(spec.name, local)
         if kind != "TASK" or yaml_path is None:  # groups, tags and Python tasks
-            return _full_task_manager(), spec.name, None
+            return full_task_manager(), spec.name, None
         refuse_code_execution(spec.name, yaml_path)
         config = load_yaml(Path(yaml_path), resolve_func=True)
     _check_output_type(spec.label, config.get("output_type", "generate_until"))
     check_generation_task(spec.label, None, config)
     if not local:
         return TaskManager(include_defaults=False), config, None
-    documents = _documents(spec)
-    _keep_splits(config, list(documents.splits), spec.label)
+    documents = read_documents(spec.data_dir, spec.dataset, spec.label)
+    keep_splits(config, list(documents.splits), spec.label)
     if spec.data_dir is not None:
         config.update(dataset_path="json", dataset_name=None)
     config["dataset_kwargs"] = None  # the documents are lm-eval's custom_dataset
     return TaskManager(include_defaults=False), config, documents
-
-
-def _keep_splits(config: dict[str, Any], present: list[str], task: str) -> None:
-    """Forget the splits of ``config`` that local data does not hold (a task scores its test
-    split, else its validation split; few-shot examples come from its few-shot split, else its
-    training split, else its validation split, else its test split): one of the two it can score
-    must be there. When few-shot examples then come from the scored split, no document is shown
-    in its own context (:func:`_fewshot_from_the_scored_split`)."""
-    evaluated = [config.get(key) for key in ("test_split", "validation_split") if config.get(key)]
-    if not any(split in present for split in evaluated):
-        raise ConfigurationError(
-            f"task {task!r} scores split {' or '.join(map(repr, evaluated))}, which its data "
-            f"does not hold (its documents: {', '.join(map(repr, present)) or 'none'})"
-        )
-    for key in ("training_split", "validation_split", "test_split", "fewshot_split"):
-        if config.get(key) is not None and config[key] not in present:
-            config[key] = None
-    fewshot = config.get("fewshot_config")
-    if isinstance(fewshot, dict) and fewshot.get("split") not in (None, *present):
-        config["fewshot_config"] = {**fewshot, "split": None}
-    _fewshot_from_the_scored_split(config)
-
-
-def _fewshot_from_the_scored_split(config: dict[str, Any]) -> None:
-    """Make lm-eval leave each document out of its own context when its few-shot examples come
-    from the split it scores. lm-eval does so only when the few-shot split it is given equals
-    ``test_split``; local data that lacks the other splits would otherwise show documents, with
-    their answers, in their own contexts. So name the scored split as both, lm-eval's own form
-    for drawing few-shot examples from the scored split."""
-    given = config.get("fewshot_config")
-    fewshot: dict[str, Any] = given if isinstance(given, dict) else {}
-    named = fewshot.get("split") or config.get("fewshot_split")  # lm-eval's few-shot split
-    if named is None and fewshot.get("samples") is not None:
-        return  # examples listed in the config, not drawn from a split
-    scored = config.get("test_split") or config.get("validation_split")
-    fallback = [config.get(key) for key in ("training_split", "validation_split", "test_split")]
-    source = named or next((split for split in fallback if split), None)
-    if scored is None or source != scored or named == config.get("test_split"):
-        return
-    config.update(test_split=scored, fewshot_split=scored)
-    if config.get("validation_split") == scored:
-        config["validation_split"] = None
-    if fewshot.get("split"):
-        config["fewshot_config"] = {**fewshot, "split": scored}
 
 
 def _check_output_type(task: str, output_type: str) -> None:
@@ -433,90 +309,12 @@ def _check_output_type(task: str, output_type: str) -> None:
         )
 
 
-def _documents(spec: TaskSpec) -> LocalDocuments:
-    """``spec``'s own documents (``data_dir`` or ``dataset``), read and checked."""
-    files = None if spec.data_dir is None else _data_files(spec.data_dir, spec.label)
-    try:
-        if files is not None:
-            return LocalDocuments.from_files(files)
-        assert spec.dataset is not None
-        return LocalDocuments.from_dataset(spec.dataset)
-    except ConfigurationError as error:
-        raise ConfigurationError(f"task {spec.label!r}: {error}") from None
-
-
-def _builtin(name: str, local: bool) -> tuple[str, str | None]:
-    """``(kind, YAML path)`` of an lm-eval task, group or tag; an unknown name is refused with
-    the closest ones, and a group or tag with local data (which its tasks take one by one)."""
-    kind, yaml_path = _builtin_index().get(name, (None, None))
-    if kind is None:
-        raise ConfigurationError(
-            f"unknown lm-eval task {name!r}{did_you_mean(name, _builtin_index(), n=3)}"
-        )
-    if local and (kind != "TASK" or yaml_path is None):
-        raise ConfigurationError(
-            f"{name!r} is an lm-eval {kind.lower()}: give 'data_dir' or 'dataset' to its tasks "
-            "one by one"
-        )
-    return kind, yaml_path
-
-
-def _data_files(data_dir: str, task: str) -> dict[str, str]:
-    directory = Path(data_dir).expanduser()
-    files = {path.stem: str(path.resolve()) for path in sorted(directory.glob("*.jsonl"))}
-    if not files:
-        raise ConfigurationError(
-            f"task {task!r}: data_dir {data_dir!r} holds no <split>.jsonl files"
-        )
-    return files
-
-
 def _unreachable(spec: TaskSpec, error: BaseException) -> str:
     return (
         f"task {spec.label!r}: its dataset cannot be loaded ({type(error).__name__}: "
         f"{one_line(error, 200)}); offline, give its files as data_dir=<directory of "
         "<split>.jsonl files in the task's schema> (or dataset=<a Tango DatasetDict step>)"
     )
-
-
-@functools.cache
-def _full_task_manager() -> Any:
-    """lm-eval's ``TaskManager`` over its own tasks (indexing them takes ~7 s: once a process)."""
-    from lm_eval.tasks import TaskManager
-
-    return TaskManager()
-
-
-@functools.cache
-def _builtin_index() -> dict[str, tuple[str, str | None]]:
-    """``{name: (kind, YAML path)}`` of every task, group and tag lm-eval ships, kept in a cache
-    file per lm-eval installation (building it parses ~14,000 YAML files)."""
-    import lm_eval
-    import lm_eval.tasks
-    from cached_path import get_cache_dir
-
-    tasks_dir = Path(lm_eval.tasks.__file__).resolve().parent
-    installation = hashlib.sha256(str(tasks_dir).encode()).hexdigest()[:12]
-    key = f"{lm_eval.__version__}-{installation}"
-    cache = Path(get_cache_dir()) / "tango_fairscale-lm_eval" / f"index-{key}.json"
-    try:
-        stored = json.loads(cache.read_text())
-        if stored.get("tasks_dir") == str(tasks_dir):
-            return {name: (kind, path) for name, (kind, path) in stored["entries"].items()}
-    except (OSError, ValueError, KeyError):
-        pass
-    from lm_eval.tasks._index import TaskIndex
-
-    index = TaskIndex().build([tasks_dir])
-    entries = {
-        name: (entry.kind.name, None if entry.yaml_path is None else str(entry.yaml_path))
-        for name, entry in index.items()
-    }
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    partial = cache.with_suffix(f".{os.getpid()}.tmp")
-    partial.write_text(json.dumps({"tasks_dir": str(tasks_dir), "entries": entries}))
-    os.replace(partial, cache)
-    return entries
 
 
 # --- fine-tuning -------------------------------------------------------------------------------

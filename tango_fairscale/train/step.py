@@ -1,40 +1,35 @@
-"""The ``tango_fairscale::train`` step: checks its config, starts one training process per device
-(or hands the run to a launcher's processes) and returns the trained model."""
+"""The ``tango_fairscale::train`` step: its config checked and made into a plan
+(:mod:`~tango_fairscale.train.settings`), the plan trained on every device
+(:mod:`~tango_fairscale.train.launch`), the trained model returned and, once the run finished,
+its files given back."""
 
 from __future__ import annotations
 
 import logging
-import signal
 from pathlib import Path
 from typing import Any
 
 from tango import Format, Step
-from tango.common import Lazy, Registrable
+from tango.common import Lazy
 from tango.common.exceptions import ConfigurationError
-from tango.integrations.torch import Model, TrainCallback, TrainConfig, TrainingEngine
+from tango.integrations.torch import Model, TrainCallback, TrainingEngine
 from tango.step import StepResources
 
 from .. import compat  # noqa: F401  (Tango fixes)
-from ..checks import boolean, one_of, positive_int, positive_ints
-from ..data.schedules import BatchSchedule
 from ..evaluation.call import GenerationSettings
 from ..model.causal_lm import ModelWrapper
 from ..model.fingerprint import FingerprintedLazy
 from ..parallel.consolidate import full_state_dict
 from ..parallel.model_only import finish_work_dir
 from ..parallel.safe_load import load_torch_file
-from ..records.checkpoints import CheckpointError, run_id
+from ..records.checkpoints import CheckpointError
 from ..records.retention import finished_checkpoint
-from ..runtime import launcher
-from ..runtime.devices import job_devices
-from ..runtime.process_group import hosted_store
-from ..runtime.signals import PREEMPTION_SIGNALS
-from ..runtime.spawn import WorkerFailed, run_workers
-from ..tasks.lm_eval import TaskSpec, load_tasks, training_pairs
-from .checkpoints import TrainingStopped, resume_hint
+from ..tasks.lm_eval import TaskSpec
 from .format import ModelFormat
+from .launch import run_training
 from .log import TRAINING_LOG, read_training_log
-from .loop import FINAL_WEIGHTS, TrainPlan, spawned_worker, train_worker
+from .loop import FINAL_WEIGHTS, TrainPlan
+from .settings import TrainSettings, training_data
 
 logger = logging.getLogger(__name__)
 
@@ -173,74 +168,36 @@ class TrainStep(Step[ModelWrapper]):
         max_gen_toks: int = GenerationSettings.max_gen_toks,
         generation_seed: int = GenerationSettings.seed,
     ) -> ModelWrapper:
-        positive_ints(
-            {
-                "train_steps": train_steps,
-                "batch_size": batch_size,
-                "grad_accum": grad_accum,
-                "checkpoint_every": checkpoint_every,
-                "keep_checkpoints": keep_checkpoints,
-                "device_count": device_count,
-                "log_every": log_every,
-                "eval_batch_size": eval_batch_size,
-                "collective_timeout_s": collective_timeout_s,
-            }
-        )
-        positive_int("validate_every", validate_every, optional=True)
-        if pack_sequences is not None:
-            boolean("pack_sequences", pack_sequences)
-        boolean("keep_optimizer_state", keep_optimizer_state)
-        one_of("preemption_signal", preemption_signal, PREEMPTION_SIGNALS)
-        generation = GenerationSettings(max_gen_toks, generation_seed)
-        if task.apply_chat_template or task.system_instruction is not None:
-            raise ConfigurationError(
-                "the training task's examples are formatted without a chat template or system "
-                "instruction: set apply_chat_template / system_instruction on validate_tasks only"
-            )
-        pairs = [
-            pair
-            for name, loaded in load_tasks(task, training=True)["tasks"].items()
-            for pair in training_pairs(loaded, name)
-        ]
-        validation = [task] if validate_tasks is None else list(validate_tasks)
-        for spec in validation:  # refused here, before any process starts, when they cannot load
-            refuse_generation(engine, load_tasks(spec))
-        # Fails here, not in a worker, when the batch does not split evenly.
-        BatchSchedule(len(pairs), batch_size, seed, device_count, 0, grad_accum)
-        devices = job_devices(device_count)
-        config = TrainConfig(
-            self.unique_id,
-            self.work_dir,
-            step_name=self.name,
-            seed=seed,
+        settings = TrainSettings(
             train_steps=train_steps,
+            batch_size=batch_size,
             grad_accum=grad_accum,
-            log_every=log_every,
-            checkpoint_every=checkpoint_every,
+            seed=seed,
             validate_every=validate_every,
-            is_distributed=device_count > 1,
-            devices=devices,
-            distributed_port=distributed_port or 0,  # 0: a free port, bound before the spawn
-            world_size=device_count,
-        )
-        plan = TrainPlan(
-            config,
-            model,
-            engine,
-            pairs,
-            validation,
-            batch_size,
-            eval_batch_size,
-            signal.Signals[preemption_signal],
-            collective_timeout_s,
-            pack_sequences,
-            component_modules(model, engine, *(callbacks or [])),
-            list(callbacks or []),
-            self.workspace,
-            val_metric,
+            checkpoint_every=checkpoint_every,
             keep_checkpoints=keep_checkpoints,
-            generation=generation,
+            keep_optimizer_state=keep_optimizer_state,
+            device_count=device_count,
+            log_every=log_every,
+            eval_batch_size=eval_batch_size,
+            distributed_port=distributed_port,
+            preemption_signal=preemption_signal,
+            collective_timeout_s=collective_timeout_s,
+            pack_sequences=pack_sequences,
+            max_gen_toks=max_gen_toks,
+            generation_seed=generation_seed,
         )
+        pairs, validation = training_data(task, validate_tasks, engine)
+        plan = settings.plan(
+            self, model, engine, pairs, validation, list(callbacks or []), val_metric
+        )
+        return self._trained_model(plan, model, keep_optimizer_state)
+
+    def _trained_model(
+        self, plan: TrainPlan, model: Lazy[Model], keep_optimizer_state: bool
+    ) -> ModelWrapper:
+        """``plan``'s model: trained now, or, when the run finished but its result was not
+        stored, read from its final checkpoint; then the run's files given back."""
         finished = finished_checkpoint(plan.checkpoints)
         if finished is None:
             run_training(plan)
@@ -254,47 +211,6 @@ class TrainStep(Step[ModelWrapper]):
         trained.origin = ("tango_fairscale::train", self.unique_id)  # no longer its base model
         give_back_work_dir(self.work_dir, keep_optimizer_state)
         return trained
-
-
-def refuse_generation(engine: Lazy[TrainingEngine], loaded: dict) -> None:
-    """Refuse a validation task that generates text under an engine that cannot generate."""
-    generating = [n for n, t in loaded["tasks"].items() if t.OUTPUT_TYPE == "generate_until"]
-    name = engine._params.get("type")
-    if not generating or not isinstance(name, str):
-        return
-    try:
-        engine_class = TrainingEngine.resolve_class_name(name)[0]
-    except ConfigurationError:  # an unknown engine is refused where it is built
-        return
-    refusal = getattr(engine_class, "generation_refusal", None)
-    if refusal is not None:
-        raise ConfigurationError(f"validation task {generating[0]!r}: {refusal}")
-
-
-def component_modules(*components: Lazy) -> tuple[str, ...]:
-    """The modules that register the types ``components`` (``Lazy``) name, theirs and their
-    parameters' (an engine's optimizer and scheduler, ...), for processes that start without
-    them: every module defining a registered class whose name appears as a ``type``."""
-    names: set[str] = set()
-
-    def collect(value: Any) -> None:
-        if isinstance(value, dict):
-            if isinstance(value.get("type"), str):
-                names.add(value["type"])
-            for item in value.values():
-                collect(item)
-        elif isinstance(value, list):
-            for item in value:
-                collect(item)
-
-    for component in components:
-        collect(component._params.as_dict(quiet=True))
-    modules = []
-    for registry in Registrable._registry.values():
-        for name, (cls, _) in registry.items():
-            if name in names:
-                modules.append(cls.__module__)
-    return tuple(dict.fromkeys(modules))
 
 
 def finished_model_state(checkpoint: Path) -> dict[str, Any]:
@@ -323,40 +239,3 @@ def give_back_work_dir(work_dir: Path, keep_optimizer_state: bool) -> None:
         logger.info(
             "freed %.1f MB of checkpoints and weights the stored model makes redundant", freed / 1e6
         )
-
-
-def run_training(plan: TrainPlan) -> None:
-    """Train in ``plan.config.work_dir`` (resuming from its newest checkpoint) on every device.
-
-    One device trains in this process; several are spawned processes, to which the preemption
-    signal received here is passed on (a worker that dies or fails stops the others at once).
-    Under an external launcher (:mod:`tango_fairscale.runtime.launcher`) the processes already
-    exist: this one (rank 0) hands the plan to the others and trains as rank 0.
-    """
-    plan.config.work_dir.mkdir(parents=True, exist_ok=True)
-    plan.run_id = run_id(plan.checkpoints)  # made once; every rank's files carry it
-    launch = launcher.current()
-    if launch is not None:
-        job = launch.publish(plan.config.work_dir, plan)
-        train_worker(launch.rank, plan, launch.job_store(job))
-    elif plan.config.world_size == 1:
-        train_worker(0, plan)
-    else:
-        try:
-            with hosted_store(plan.config):
-                run_workers(
-                    spawned_worker,
-                    (plan,),
-                    plan.config.world_size,
-                    plan.preemption_signal,
-                    preload=plan.component_modules,
-                )
-        except WorkerFailed as error:
-            hint = f"; {resume_hint(plan.checkpoints)}" if "died" in str(error) else ""
-            raise TrainingStopped(f"{error}{hint}") from error  # the log keeps the worker's
-
-
-def join_training(launch: launcher.Launch, job: int, plan: TrainPlan) -> None:
-    """A launched rank other than 0: train ``plan`` (published by rank 0) on this node's device."""
-    plan.config.devices = [launch.environment.local_device()] * plan.config.world_size
-    train_worker(launch.rank, plan, launch.job_store(job))

@@ -86,8 +86,8 @@ def build_plan(spec: RunSpec, work_dir: Path, model_dir: Path, dataset: Any) -> 
     from tango.integrations.torch import Model, TrainConfig, TrainingEngine
 
     from tango_fairscale.tasks.lm_eval import TaskSpec, load_tasks, training_pairs
+    from tango_fairscale.train.launch import component_modules
     from tango_fairscale.train.loop import TrainPlan
-    from tango_fairscale.train.step import component_modules
 
     config = TrainConfig(
         "test",

@@ -13,10 +13,10 @@ from tango.integrations.torch import Model, StopEarly, TrainCallback, TrainConfi
 
 from tango_fairscale.runtime.process_group import free_port
 from tango_fairscale.tasks.lm_eval import TaskSpec, load_tasks, training_pairs
+from tango_fairscale.train.launch import run_training
 from tango_fairscale.train.log import read_training_log
 from tango_fairscale.train.loop import TrainPlan
 from tango_fairscale.train.lr_schedule import WarmupSchedule
-from tango_fairscale.train.step import run_training
 
 CALLS: list[tuple[str, Any]] = []
 

@@ -25,7 +25,7 @@ from .build import (
     num_layers,
     partition,
 )
-from .stage import Projection, Stage, StagePrecision, TiedWeight
+from .stage import Projection, Stage, StagePrecision, StageSettings, TiedWeight
 
 __all__ = [
     "FAMILIES",
@@ -33,6 +33,7 @@ __all__ = [
     "Projection",
     "Stage",
     "StagePrecision",
+    "StageSettings",
     "Stages",
     "TiedWeight",
     "auto_balance",

@@ -16,7 +16,7 @@ from ..logits import logit_transform
 from ..loss import LogitTransform
 from . import gpt2, gpt_neox, llama, opt
 from .family import Family
-from .stage import MASKS, Projection, Stage, StagePrecision, TiedWeight
+from .stage import MASKS, Projection, Stage, StagePrecision, StageSettings, TiedWeight
 
 #: model_type -> layout. SmolLM / SmolLM2 are "llama", Qwen2.5 is "qwen2".
 FAMILIES: dict[str, Family] = {
@@ -156,6 +156,13 @@ def build_stages(
             _refuse(model, "its LM head is tied to the embedding and has a bias")
         tied = TiedWeight(embedding.weight, last_device or torch.device("cpu"))
         projection = Projection(tied.mirror)
+    settings = StageSettings(
+        family,
+        model.config,
+        rotary=family.rotary_of(decoder),
+        transform=transform or logit_transform(model.config),
+        precision=precision or StagePrecision(),
+    )
     stages = []
     start = 0
     for index, count in enumerate(balance):
@@ -163,16 +170,12 @@ def build_stages(
         end = start + count
         stages.append(
             Stage(
-                family,
-                model.config,
+                settings,
                 layers[start:end],
                 kinds[start:end],
                 embeddings=family.embedding_modules(decoder) if index == 0 else None,
                 final=family.final_modules(decoder) if last else None,
                 head=projection if last else None,
-                rotary=family.rotary_of(decoder),
-                transform=transform or logit_transform(model.config),
-                precision=precision or StagePrecision(),
             )
         )
         start = end

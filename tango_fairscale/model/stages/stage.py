@@ -96,45 +96,60 @@ class Projection(nn.Module):
 MASKS = {FULL: create_causal_mask, SLIDING: create_sliding_window_causal_mask}
 
 
+@dataclass(frozen=True, eq=False)
+class StageSettings:
+    """What every stage of one decoder shares.
+
+    :param family: the decoder's family (its embeddings, layers, rotary and final modules).
+    :param config: the model's config (for its attention masks).
+    :param rotary: the decoder's ``rotary_emb`` (each stage with layers copies it), for families
+        with rotary embeddings.
+    :param transform: what the model's own forward does to the head's output (soft cap, scale).
+    :param precision: the autocast applied inside the stage.
+    """
+
+    family: Family
+    config: Any
+    rotary: nn.Module | None = None
+    transform: LogitTransform = IDENTITY
+    precision: StagePrecision = StagePrecision()
+
+
 class Stage(nn.Module):
     """Layers ``layers`` of the decoder (the model's own modules, not copies), preceded by the
     ``embeddings`` on the first stage and followed by ``final`` and ``head`` on the last.
 
+    :param settings: what every stage of the decoder shares (:class:`StageSettings`).
     :param kinds: the attention kind of each of ``layers``.
-    :param rotary: the decoder's ``rotary_emb`` (copied), for families with rotary embeddings.
     :param head: the vocabulary projection (the LM head, or a :class:`Projection` of a tied
         embedding's mirror); given exactly for the last stage.
-    :param transform: what the model's own forward does to the head's output (soft cap, scale).
     """
 
     def __init__(
         self,
-        family: Family,
-        config: Any,
+        settings: StageSettings,
         layers: Sequence[nn.Module],
         kinds: Sequence[str],
         *,
         embeddings: Mapping[str, nn.Module] | None = None,
         final: Mapping[str, nn.Module] | None = None,
         head: nn.Module | None = None,
-        rotary: nn.Module | None = None,
-        transform: LogitTransform = IDENTITY,
-        precision: StagePrecision = StagePrecision(),
     ) -> None:
         super().__init__()
         assert len(layers) == len(kinds)
-        self.family = family
-        self.config = config
+        self.family = settings.family
+        self.config = settings.config
         self.first = embeddings is not None
         self.embeddings = nn.ModuleDict(embeddings or {})
         self.layers = nn.ModuleList(layers)
         self.kinds = list(kinds)
         # A copy per stage: the model's one rotary module cannot live on several devices.
+        rotary = settings.rotary
         self.rotary = copy.deepcopy(rotary) if rotary is not None and layers else None
         self.final = nn.ModuleDict(final or {})
         self.head = head
-        self.transform = transform
-        self.precision = precision
+        self.transform = settings.transform
+        self.precision = settings.precision
 
     def forward(self, inputs: Tensors) -> Tensors:
         first_input, targets = inputs

@@ -1,0 +1,97 @@
+"""What ``tango-fairscale eval`` shows and writes as lm-eval does: the results JSON of a run's
+``metrics`` step with the fields lm-eval's ``EvaluationTracker`` adds, the header and tables
+``lm_eval`` prints, and the file ``lm_eval --output_path`` writes them to (lm-eval 0.4.13)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+
+def lm_eval_results(
+    workspace: str, run_name: str, args: argparse.Namespace, started: float
+) -> dict[str, Any]:
+    """lm-eval's results JSON of the run's ``metrics`` step, with a ``config`` as lm-eval
+    writes one and the fields its ``EvaluationTracker`` adds (``started``: the command's
+    ``time.time()`` at its start)."""
+    from dataclasses import asdict
+
+    from lm_eval.loggers.evaluation_tracker import GeneralConfigTracker
+    from tango import Workspace
+
+    metrics = Workspace.from_url(workspace).step_result_for_run(run_name, "metrics")
+    results = dict(metrics["lm_eval"])
+    scored = results.pop("config", {})
+    results["config"] = {
+        "model": "tango_fairscale",
+        "model_args": f"pretrained={args.model}",
+        "batch_size": args.batch_size or 256,
+        "batch_sizes": [],
+        "device": scored.get("device"),
+        "precision": scored.get("precision"),
+        "limit": args.limit or None,
+        "num_fewshot": args.num_fewshot,
+        "workspace": workspace,
+        "run": run_name,
+    }
+    results["date"] = started
+    tracker = GeneralConfigTracker()
+    tracker.log_experiment_args(
+        model_source="tango_fairscale",
+        model_args=f"pretrained={args.model}",
+        system_instruction=None,
+        chat_template=None,
+        fewshot_as_multiturn=False,
+    )
+    tracker.total_evaluation_time_seconds = str(time.time() - started)
+    results["task_hashes"] = {}
+    results.update(asdict(tracker))
+    return results
+
+
+def header(args: argparse.Namespace) -> str:
+    """The line lm_eval prints above its table."""
+    return (
+        f"tango_fairscale (pretrained={args.model}), gen_kwargs: (None), "
+        f"limit: {args.limit or None}, num_fewshot: {args.num_fewshot}, "
+        f"batch_size: {args.batch_size or 256}"
+    )
+
+
+def results_tables(results: dict[str, Any]) -> str:
+    """lm-eval's tables of ``results``: tasks, then groups when there are any."""
+    from lm_eval.utils import make_table
+
+    tables = [make_table(results)]
+    if results.get("groups"):
+        tables.append(make_table(results, "groups"))
+    return "\n".join(tables)
+
+
+def write_results(results: dict[str, Any], output_path: str) -> Path:
+    """Write ``results`` where lm-eval 0.4.13's ``EvaluationTracker.save_results_aggregated``
+    writes them; returns the file."""
+    from lm_eval.utils import handle_non_serializable
+
+    date_id = datetime.now().isoformat().replace(":", "-")
+    target = results_file(output_path, str(results["model_name"]), date_id)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    dumped = json.dumps(results, indent=2, default=handle_non_serializable, ensure_ascii=False)
+    target.write_text(dumped, encoding="utf-8")
+    return target
+
+
+def results_file(output_path: str, model_name: str, date_id: str) -> Path:
+    """Where ``lm_eval --output_path OUTPUT_PATH`` writes its results (``EvaluationTracker``):
+    ``<stem>_<date>.json`` beside a ``.json`` path, else
+    ``OUTPUT_PATH/<model name sanitized>/results_<date>.json``."""
+    from lm_eval.utils import sanitize_model_name
+
+    path = Path(output_path)
+    if path.suffix == ".json":
+        return path.with_name(f"{path.stem}_{date_id}.json")
+    return path / sanitize_model_name(model_name) / f"results_{date_id}.json"

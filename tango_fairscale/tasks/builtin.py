@@ -1,0 +1,71 @@
+"""lm-eval's own tasks by name: the index of every task, group and tag it ships (kept in a cache
+file per lm-eval installation), a name looked up in it, and lm-eval's ``TaskManager`` over them."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from tango.common.exceptions import ConfigurationError
+
+from ..checks import did_you_mean
+
+
+def builtin(name: str, local: bool) -> tuple[str, str | None]:
+    """``(kind, YAML path)`` of an lm-eval task, group or tag; an unknown name is refused with
+    the closest ones, and a group or tag with local data (which its tasks take one by one)."""
+    kind, yaml_path = builtin_index().get(name, (None, None))
+    if kind is None:
+        raise ConfigurationError(
+            f"unknown lm-eval task {name!r}{did_you_mean(name, builtin_index(), n=3)}"
+        )
+    if local and (kind != "TASK" or yaml_path is None):
+        raise ConfigurationError(
+            f"{name!r} is an lm-eval {kind.lower()}: give 'data_dir' or 'dataset' to its tasks "
+            "one by one"
+        )
+    return kind, yaml_path
+
+
+@functools.cache
+def full_task_manager() -> Any:
+    """lm-eval's ``TaskManager`` over its own tasks (indexing them takes ~7 s: once a process)."""
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager()
+
+
+@functools.cache
+def builtin_index() -> dict[str, tuple[str, str | None]]:
+    """``{name: (kind, YAML path)}`` of every task, group and tag lm-eval ships, kept in a cache
+    file per lm-eval installation (building it parses ~14,000 YAML files)."""
+    import lm_eval
+    import lm_eval.tasks
+    from cached_path import get_cache_dir
+
+    tasks_dir = Path(lm_eval.tasks.__file__).resolve().parent
+    installation = hashlib.sha256(str(tasks_dir).encode()).hexdigest()[:12]
+    key = f"{lm_eval.__version__}-{installation}"
+    cache = Path(get_cache_dir()) / "tango_fairscale-lm_eval" / f"index-{key}.json"
+    try:
+        stored = json.loads(cache.read_text())
+        if stored.get("tasks_dir") == str(tasks_dir):
+            return {name: (kind, path) for name, (kind, path) in stored["entries"].items()}
+    except (OSError, ValueError, KeyError):
+        pass
+    from lm_eval.tasks._index import TaskIndex
+
+    index = TaskIndex().build([tasks_dir])
+    entries = {
+        name: (entry.kind.name, None if entry.yaml_path is None else str(entry.yaml_path))
+        for name, entry in index.items()
+    }
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    partial = cache.with_suffix(f".{os.getpid()}.tmp")
+    partial.write_text(json.dumps({"tasks_dir": str(tasks_dir), "entries": entries}))
+    os.replace(partial, cache)
+    return entries

@@ -1,0 +1,78 @@
+"""A training plan run on every device: in this process, in one process per device spawned from
+here, or on the processes of an external launcher (torchrun, SLURM), which join rank 0's run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tango.common import Lazy, Registrable
+
+from ..records.checkpoints import run_id
+from ..runtime import launcher
+from ..runtime.process_group import hosted_store
+from ..runtime.spawn import WorkerFailed, run_workers
+from .checkpoints import TrainingStopped, resume_hint
+from .loop import TrainPlan, spawned_worker, train_worker
+
+
+def run_training(plan: TrainPlan) -> None:
+    """Train in ``plan.config.work_dir`` (resuming from its newest checkpoint) on every device.
+
+    One device trains in this process; several are spawned processes, to which the preemption
+    signal received here is passed on (a worker that dies or fails stops the others at once).
+    Under an external launcher (:mod:`tango_fairscale.runtime.launcher`) the processes already
+    exist: this one (rank 0) hands the plan to the others and trains as rank 0.
+    """
+    plan.config.work_dir.mkdir(parents=True, exist_ok=True)
+    plan.run_id = run_id(plan.checkpoints)  # made once; every rank's files carry it
+    launch = launcher.current()
+    if launch is not None:
+        job = launch.publish(plan.config.work_dir, plan)
+        train_worker(launch.rank, plan, launch.job_store(job))
+    elif plan.config.world_size == 1:
+        train_worker(0, plan)
+    else:
+        try:
+            with hosted_store(plan.config):
+                run_workers(
+                    spawned_worker,
+                    (plan,),
+                    plan.config.world_size,
+                    plan.preemption_signal,
+                    preload=plan.component_modules,
+                )
+        except WorkerFailed as error:
+            hint = f"; {resume_hint(plan.checkpoints)}" if "died" in str(error) else ""
+            raise TrainingStopped(f"{error}{hint}") from error  # the log keeps the worker's
+
+
+def join_training(launch: launcher.Launch, job: int, plan: TrainPlan) -> None:
+    """A launched rank other than 0: train ``plan`` (published by rank 0) on this node's device."""
+    plan.config.devices = [launch.environment.local_device()] * plan.config.world_size
+    train_worker(launch.rank, plan, launch.job_store(job))
+
+
+def component_modules(*components: Lazy) -> tuple[str, ...]:
+    """The modules that register the types ``components`` (``Lazy``) name, theirs and their
+    parameters' (an engine's optimizer and scheduler, ...), for processes that start without
+    them: every module defining a registered class whose name appears as a ``type``."""
+    names: set[str] = set()
+
+    def collect(value: Any) -> None:
+        if isinstance(value, dict):
+            if isinstance(value.get("type"), str):
+                names.add(value["type"])
+            for item in value.values():
+                collect(item)
+        elif isinstance(value, list):
+            for item in value:
+                collect(item)
+
+    for component in components:
+        collect(component._params.as_dict(quiet=True))
+    modules = []
+    for registry in Registrable._registry.values():
+        for name, (cls, _) in registry.items():
+            if name in names:
+                modules.append(cls.__module__)
+    return tuple(dict.fromkeys(modules))
