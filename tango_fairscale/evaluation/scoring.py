@@ -82,7 +82,7 @@ def score_queries(
         rows = [queries[i] for i in batches[index]] if index < len(batches) else filler
         outputs = forward(move_batch(make_batch(rows), device))
         if index < len(batches):
-            results.append(outputs["loglikelihood"].double())  # float64 sums: kept so
+            results.append(outputs["loglikelihood"].double())
             greedy.append(outputs["greedy"])
         done = torch.cuda.Event() if device.type == "cuda" else None
         if done is not None:
@@ -93,12 +93,19 @@ def score_queries(
             if oldest is not None:
                 oldest.synchronize()
             bar.update(num_rows)
-    values = torch.cat(results).cpu().tolist() if results else []
-    flags = torch.cat(greedy).cpu().tolist() if greedy else []
     bar.update(sum(num_rows for _, num_rows in queued))
     bar.close()
-    scores = [(0.0, False)] * len(queries)
+    return _in_query_order(batches, results, greedy)
+
+
+def _in_query_order(
+    batches: Sequence[Sequence[int]], results: list[torch.Tensor], greedy: list[torch.Tensor]
+) -> list[tuple[float, bool]]:
+    """The batches' ``(log-likelihood, greedy)`` pairs, read to the host once, in query order."""
+    values = torch.cat(results).cpu().tolist() if results else []
+    flags = torch.cat(greedy).cpu().tolist() if greedy else []
     order = [i for batch_indices in batches for i in batch_indices]
+    scores = [(0.0, False)] * len(order)
     for query_index, value, flag in zip(order, values, flags, strict=True):
         scores[query_index] = (value, bool(flag))
     return scores
