@@ -106,9 +106,12 @@ class ScorerLM(LM):
     def _score(self, queries: list[Query], disable_tqdm: bool) -> list[tuple[float, bool]]:
         started = time.perf_counter()
         options = self.options
+        # Identical requests (two choices equal after left truncation, say) scored once: an exact
+        # tie stays exact, and lm-eval's argmax takes the first, whatever the batch-mates.
+        distinct = list(dict.fromkeys(queries))
         answers = score_on_all_ranks(
             self.call,
-            queries,
+            distinct,
             batch_size=options.batch_size,
             pad_token_id=self.tokenizer.pad_token_id,
             device=self.call.device,
@@ -119,11 +122,12 @@ class ScorerLM(LM):
         seconds = time.perf_counter() - started
         logger.info(
             "scored %s requests in %.2f s (%s/s)",
-            f"{len(queries):,}",
+            f"{len(distinct):,}",
             seconds,
-            f"{len(queries) / max(seconds, 1e-9):,.0f}",
+            f"{len(distinct) / max(seconds, 1e-9):,.0f}",
         )
-        return answers
+        by_query = dict(zip(distinct, answers, strict=True))
+        return [by_query[query] for query in queries]
 
     def _rolling_windows(self, ids: list[int]) -> Iterator[Query]:
         """lm-eval's HF backend's windows of a text: each predicts its continuation from at most

@@ -39,3 +39,35 @@ def test_continuations_longer_than_the_window_are_counted_and_warned_of_once(
         "its last 16 tokens only (lm-eval's HF backend refuses them)"
     ]
     assert scores["truncated_continuations"] == 3
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_choices_equal_after_truncation_tie_exactly_and_the_first_wins(
+    tiny_model_dir: Path, piqa_small: DatasetDict, packed: bool
+) -> None:
+    """Two choices whose scored tokens are the same (they differ only in what left truncation
+    cut: PIQA's 30th validation document under a 128-token window) are one request: equal to
+    the bit whatever their batch-mates (packed beside others they were 1e-9 apart), so lm-eval's
+    argmax takes the first, as on a tie in its own padded batches."""
+    from tango_fairscale.data.queries import encode_pair
+
+    model = ModelWrapper(str(tiny_model_dir))
+    documents = list(piqa_small["validation"])
+    ties = [
+        index
+        for index, doc in enumerate(documents)
+        if len(
+            {
+                encode_pair(model.tokenizer, f"Question: {doc['goal']}\nAnswer:", f" {sol}", 128)
+                for sol in (doc["sol1"], doc["sol2"])
+            }
+        )
+        == 1
+    ]
+    assert ties == [29]
+    task = TaskSpec(name="piqa", dataset=DatasetDict(splits={"validation": documents}))
+    result = TaskScoresStep().run(model=model, task=task, batch_size=8, pack_sequences=packed)
+    [tie] = [sample for sample in result["samples"]["piqa"] if sample["doc_id"] == 29]
+    first, second = (response[0][0] for response in tie["resps"])
+    assert first == second
+    assert tie["acc"] == float(documents[29]["label"] == 0)  # the first choice wins the tie
