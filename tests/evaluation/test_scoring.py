@@ -230,22 +230,23 @@ def test_task_scores_step_scores_every_request(
 
     step = TaskScoresStep()
     spec = piqa_spec(examples[:10])
-    result = step.run(model=model, task=spec, batch_size=4, pack_sequences=False)
+    scored = ModelWrapper(str(tiny_model_dir))  # the step moves it to its device (a GPU, say)
+    result = step.run(model=scored, task=spec, batch_size=4, pack_sequences=False)
     queries = choice_queries(examples[:10], model.tokenizer, model.max_length)
     assert [sample["doc_id"] for sample in result["samples"]["piqa"]] == list(range(10))
     expected = [one_query_log_likelihood(model, q) for q in queries]
     np.testing.assert_allclose(request_scores(result), expected, rtol=1e-5, atol=1e-4)
-    packed = step.run(model=model, task=spec, batch_size=4, pack_sequences=True)
+    packed = step.run(model=scored, task=spec, batch_size=4, pack_sequences=True)
     np.testing.assert_allclose(request_scores(packed), expected, rtol=1e-5, atol=1e-4)
     assert packed["results"]["piqa"]["acc,none"] == result["results"]["piqa"]["acc,none"]
     with pytest.raises(ConfigurationError, match="pack_sequences must be true or false, got 1"):
-        step.run(model=model, task=spec, pack_sequences=1)
+        step.run(model=scored, task=spec, pack_sequences=1)
     flash = ModelWrapper(str(tiny_model_dir))
     flash.model.config._attn_implementation = "flash_attention_2"
     with pytest.raises(ConfigurationError, match="pack_sequences needs an attention that takes"):
         step.run(model=flash, task=spec, pack_sequences=True)
     with pytest.raises(ConfigurationError, match="batch_size must be a positive integer, got 0"):
-        step.run(model=model, task=spec, batch_size=0)
+        step.run(model=scored, task=spec, batch_size=0)
 
 
 def test_length_sorted_scoring_restores_query_order(model: ModelWrapper, examples: list) -> None:
@@ -258,9 +259,10 @@ def test_length_sorted_scoring_restores_query_order(model: ModelWrapper, example
     np.testing.assert_allclose(budgeted, forward_scores, atol=1e-5)
 
 
-def test_task_scores_step_scores_in_bf16_when_asked(model: ModelWrapper, examples: list) -> None:
+def test_task_scores_step_scores_in_bf16_when_asked(tiny_model_dir: Path, examples: list) -> None:
     from tango.common.exceptions import ConfigurationError
 
+    model = ModelWrapper(str(tiny_model_dir))  # the step moves it to its device
     step = TaskScoresStep()
     spec = piqa_spec(examples[:6])
     exact = request_scores(step.run(model=model, task=spec, batch_size=4))
