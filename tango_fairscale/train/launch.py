@@ -42,8 +42,23 @@ def run_training(plan: TrainPlan) -> None:
                     preload=plan.component_modules,
                 )
         except WorkerFailed as error:
-            hint = f"; {resume_hint(plan.checkpoints)}" if "died" in str(error) else ""
-            raise TrainingStopped(f"{error}{hint}") from error  # the log keeps the worker's
+            raise TrainingStopped(f"{error}{_hint(error, plan)}") from error  # the log keeps
+            # the worker's traceback
+
+
+def _hint(error: WorkerFailed, plan: TrainPlan) -> str:
+    """What to do about a worker's failure: resume after a death; after a collective's timeout
+    (gloo says "Timed out" or "timeout caused pair closure", NCCL "Watchdog caught collective
+    operation timeout"), what the timeout was."""
+    message = str(error)
+    if "died" in message:
+        return f"; {resume_hint(plan.checkpoints)}"
+    if "timed out" in message.lower() or "timeout" in message.lower():
+        return (
+            f"; a collective timed out after {plan.collective_timeout_s:g} s "
+            "(collective_timeout_s): another process hung or stopped"
+        )
+    return ""
 
 
 def join_training(launch: launcher.Launch, job: int, plan: TrainPlan) -> None:
