@@ -35,11 +35,14 @@ class _Pipeline(Pipeline):
 
     ``Pipeline.__del__`` joins its worker threads by waiting for each to answer; a pipe still
     alive when Python shuts down is deleted after its daemon threads have stopped, and the wait
-    never ends. At shutdown there is nothing to join.
+    never ends. At shutdown there is nothing to join (and module globals such as ``sys`` may
+    already be ``None``: the check is bound at class creation).
     """
 
+    _finalizing = staticmethod(sys.is_finalizing)
+
     def __del__(self) -> None:
-        if not sys.is_finalizing():
+        if not self._finalizing():
             super().__del__()
 
 
