@@ -180,6 +180,17 @@ def test_no_import_cycle() -> None:
     assert found is None, "import cycle: " + " -> ".join(found or [])
 
 
+def test_results_and_records_read_runs_without_the_rest_of_the_package() -> None:
+    """``results/`` imports of the package only ``records/`` (the names and formats of what a run
+    leaves on disk), and ``records/`` only itself: both stay pure Python."""
+    graph = import_graph()
+    for package, allowed in (("results", ("results", "records")), ("records", ("records",))):
+        prefixes = tuple(f"tango_fairscale.{name}" for name in allowed)
+        for module, targets in graph.items():
+            if module.startswith(f"tango_fairscale.{package}"):
+                outside = sorted(t for t in targets if not t.startswith(prefixes))
+                assert not outside, f"{module} imports {outside}"
+
 def test_the_import_graph_resolves_relative_and_function_level_imports() -> None:
     graph = import_graph()
     # ``from . import consolidate``: the submodule, not the package.

@@ -33,6 +33,7 @@ from .checkpoints import (
     latest_checkpoint,
     read_manifest,
 )
+from .work_dir import CHECKPOINTS, FINAL_WEIGHTS
 
 __all__ = [
     "CHECKPOINTS",
@@ -45,10 +46,6 @@ __all__ = [
     "unfinished_step",
 ]
 
-#: The consolidated model the training processes leave in the work dir (``train/run.py``).
-FINAL_WEIGHTS = "final_weights.pt"
-#: The work dir's checkpoint directory (``records/checkpoints.py``'s protocol).
-CHECKPOINTS = "checkpoints"
 
 #: What :func:`give_back` does with a path: delete it, or rewrite a checkpoint model-only.
 DELETE, MODEL_ONLY = "delete", "model-only"

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Union
 
-from ..train.log import TRAINING_LOG, read_training_log
+from ..records.training_log import TRAINING_LOG, read_training_log
 from .distinct import fold_reruns, labels
 from .metrics import TaskMetrics, task_metrics
 from .plot import draw_curves, plot_formats

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..train.log import TRAINING_LOG
+from ..records.work_dir import RUN_INFO, TRAINING_LOG
 from .metrics import TaskMetrics, task_metrics
 from .run_state import StepStatus, run_status, step_statuses, wall_time
 from .step_infos import StepRecord
@@ -21,9 +21,6 @@ METRICS_STEP = "metrics"
 """Name of the step whose result holds the metrics (``tango_fairscale::task_metrics``)."""
 TRAIN_STEP = "trained_model"
 """Name of the training step in the configs (absent when ``train_steps=0``)."""
-RUN_INFO = "run_info.json"
-"""Optional file of the training step (result or work dir): what it resolved, e.g.
-``{"precision": "bf16-mixed", "device": "cuda"}``; read when present."""
 
 _TRAIN = "tango_fairscale::train"
 _SCORES = "tango_fairscale::task_scores"

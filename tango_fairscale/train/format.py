@@ -10,7 +10,7 @@ from tango.common.aliases import PathOrStr
 
 from .. import compat  # noqa: F401  (Tango fixes)
 from ..model.causal_lm import ModelWrapper
-from .log import TRAINING_LOG, read_training_log, write_records
+from ..records.training_log import TRAINING_LOG, read_training_log, write_records
 
 
 @Format.register("tango_fairscale::model")

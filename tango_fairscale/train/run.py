@@ -23,23 +23,18 @@ from ..evaluation.evaluator import Evaluator
 from ..evaluation.harness import merge, summary
 from ..parallel.engine import Engine
 from ..records.checkpoints import run_id
+from ..records.training_log import TrainingLog
+from ..records.work_dir import FINAL_WEIGHTS, RUN_INFO, TRAINING_LOG
 from ..runtime.process_group import barrier
 from ..runtime.signals import Preemption
 from ..tasks.lm_eval import load_tasks
 from .callbacks import Callbacks
 from .checkpoints import BackgroundWriter, CheckpointPolicy, TrainingStopped, resume, resume_hint
 from .guards import NonFiniteGuard, any_rank
-from .log import TRAINING_LOG, TrainingLog
 from .meter import PhaseClock, Throughput
 from .progress import TrainingBar
 
 logger = logging.getLogger(__name__)
-
-#: Where rank 0 leaves the consolidated model for the launching process.
-FINAL_WEIGHTS = "final_weights.pt"
-
-#: What the run resolved (the precision behind ``auto``, devices, global batch), for ``results``.
-RUN_INFO = "run_info.json"
 
 
 class TrainingRun:

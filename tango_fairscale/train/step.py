@@ -24,10 +24,10 @@ from ..parallel.model_only import finish_work_dir
 from ..parallel.safe_load import load_torch_file
 from ..records.checkpoints import CheckpointError
 from ..records.retention import finished_checkpoint
+from ..records.training_log import TRAINING_LOG, read_training_log
 from ..tasks.lm_eval import TaskSpec
 from .format import ModelFormat
 from .launch import run_training
-from .log import TRAINING_LOG, read_training_log
 from .loop import FINAL_WEIGHTS, TrainPlan
 from .settings import TrainSettings, training_data
 

@@ -98,7 +98,7 @@ def train_many(plans: dict[str, Any], timeout_s: float = 600.0) -> dict[str, Tra
 def read_run(name: str, work_dir: Path) -> TrainedRun:
     import torch
 
-    from tango_fairscale.train.log import read_training_log
+    from tango_fairscale.records.training_log import read_training_log
     from tango_fairscale.train.loop import FINAL_WEIGHTS
 
     state = torch.load(work_dir / FINAL_WEIGHTS, map_location="cpu", weights_only=True)

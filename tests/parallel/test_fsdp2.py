@@ -48,7 +48,7 @@ def test_fsdp2_matches_ddp(run, trained_run) -> None:
 
 
 def read_run(work_dir: Path) -> tuple[list[dict], dict[str, torch.Tensor]]:
-    from tango_fairscale.train.log import read_training_log
+    from tango_fairscale.records.training_log import read_training_log
 
     state = torch.load(work_dir / "final_weights.pt", weights_only=True)
     return read_training_log(work_dir / "training_log.jsonl"), state

@@ -26,7 +26,7 @@ from tango_fairscale.data.batches import collate, packed_batch
 from tango_fairscale.model.causal_lm import ModelWrapper
 from tango_fairscale.model.stages import Stage
 from tango_fairscale.parallel.pipe import PipeEngine
-from tango_fairscale.train.log import read_training_log
+from tango_fairscale.records.training_log import read_training_log
 
 PIPE = "tango_fairscale::pipe"
 

@@ -11,10 +11,10 @@ import torch
 from tango.common import Lazy, Params
 from tango.integrations.torch import Model, StopEarly, TrainCallback, TrainConfig, TrainingEngine
 
+from tango_fairscale.records.training_log import read_training_log
 from tango_fairscale.runtime.process_group import free_port
 from tango_fairscale.tasks.lm_eval import TaskSpec, load_tasks, training_pairs
 from tango_fairscale.train.launch import run_training
-from tango_fairscale.train.log import read_training_log
 from tango_fairscale.train.loop import TrainPlan
 from tango_fairscale.train.lr_schedule import WarmupSchedule
 

@@ -8,8 +8,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-#: The file name, in the step's work directory and in the trained model's result directory.
-TRAINING_LOG = "training_log.jsonl"
+from .work_dir import TRAINING_LOG
+
+__all__ = ["TRAINING_LOG", "TrainingLog", "read_training_log", "write_records"]
 
 
 class TrainingLog:
