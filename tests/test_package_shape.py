@@ -191,6 +191,7 @@ def test_results_and_records_read_runs_without_the_rest_of_the_package() -> None
                 outside = sorted(t for t in targets if not t.startswith(prefixes))
                 assert not outside, f"{module} imports {outside}"
 
+
 def test_the_import_graph_resolves_relative_and_function_level_imports() -> None:
     graph = import_graph()
     # ``from . import consolidate``: the submodule, not the package.
