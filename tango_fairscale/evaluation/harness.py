@@ -118,14 +118,15 @@ def summary(results: Mapping[str, Any]) -> dict[str, Any]:
 
 def json_safe(value: Any) -> Any:
     """``value`` with numpy scalars, tuples and non-finite floats made JSON's (NaN → ``None``)."""
-    if isinstance(value, Mapping):
-        return {str(key): json_safe(item) for key, item in value.items()}
+    # The plain types first: a suite's samples hold millions of them (Mapping's ABC check is slow).
+    if value is None or isinstance(value, (str, int)):  # bool is an int
+        return value
+    if isinstance(value, float):
+        return float(value) if math.isfinite(value) else None  # numpy.float64 is a float
     if isinstance(value, (list, tuple)):
         return [json_safe(item) for item in value]
+    if isinstance(value, Mapping):
+        return {str(key): json_safe(item) for key, item in value.items()}
     if hasattr(value, "item") and callable(value.item):  # numpy / torch scalars
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return value
+        return json_safe(value.item())
     return str(value)
