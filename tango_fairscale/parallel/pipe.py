@@ -21,7 +21,7 @@ from tango.common.exceptions import ConfigurationError
 from tango.integrations.torch import LRScheduler, Model, Optimizer, TrainConfig, TrainingEngine
 from torch import nn
 
-from ..checks import positive_int
+from ..checks import one_of, positive_int
 from ..model.causal_lm import ModelWrapper
 from ..model.loss import loss_outputs
 from ..model.stages import StagePrecision, TiedWeight, auto_balance, build_stages, num_layers
@@ -153,10 +153,7 @@ class PipeEngine(Engine):
     ) -> None:
         self.check_world_size(train_config.world_size)
         positive_int("chunks", chunks)
-        if checkpoint not in CHECKPOINT_MODES:
-            raise ConfigurationError(
-                f"checkpoint must be one of {', '.join(CHECKPOINT_MODES)}, got {checkpoint!r}"
-            )
+        one_of("checkpoint", checkpoint, CHECKPOINT_MODES)
         if balance is not None and (
             not isinstance(balance, list)
             or not balance

@@ -19,6 +19,8 @@ import torch
 from tango.common import FromParams, Params
 from tango.common.exceptions import ConfigurationError
 
+from ..checks import boolean
+
 
 @dataclass
 class ShardingConfig(FromParams):
@@ -61,10 +63,7 @@ class ShardingConfig(FromParams):
             "hybrid_shard",
         )
         for name in flags:
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigurationError(
-                    f"sharding.{name} must be true or false, got {getattr(self, name)!r}"
-                )
+            boolean(f"sharding.{name}", getattr(self, name))
         if self.modules_to_wrap is not None and not isinstance(self.modules_to_wrap, list):
             raise ConfigurationError(_not_a_list("modules_to_wrap", self.modules_to_wrap))
         patterns = list(self.modules_to_wrap or [])
