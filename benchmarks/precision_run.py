@@ -93,6 +93,7 @@ def run_once(args: argparse.Namespace, precision: str, dataset_dict: Any) -> dic
     from tango.workspaces import LocalWorkspace
 
     from tango_fairscale.model.causal_lm import ModelWrapper
+    from tango_fairscale.tasks.lm_eval import TaskSpec
     from tango_fairscale.train.step import TrainStep  # the one place a step is imported here
 
     workspace_dir = Path(tempfile.mkdtemp(prefix=f"precision-{precision}-", dir=args.work_dir))
@@ -114,7 +115,7 @@ def run_once(args: argparse.Namespace, precision: str, dataset_dict: Any) -> dic
         engine=Lazy(
             getattr(sys.modules[__name__], f"Recording{args.engine}"), Params(engine_params)
         ),
-        dataset_dict=dataset_dict,
+        task=TaskSpec(name="piqa", dataset=dataset_dict),
         train_steps=args.steps,
         batch_size=args.batch_size,
         seed=args.seed,
