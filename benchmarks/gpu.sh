@@ -103,7 +103,7 @@ train_speed() {
 suite_main_job() {  # main_job.json (+ each command's timestamped output): the two commands
   local steps=2000
   [ ${#TINY[@]} -gt 0 ] && steps=20
-  step "$BUDGET" "$PY" benchmarks/main_job.py --piqa "$PIQA" --tokenizer "$TOK" \
+  step "$BUDGET" "$PY" benchmarks/main_job.py "${TINY[@]}" --piqa "$PIQA" --tokenizer "$TOK" \
     --train-steps "$steps" --timeout-s $(( BUDGET / 2 - 5 )) --out "$DIR/main_job.json"
   [ "$DRY_RUN" = 1 ] || grep '^{' "$DIR/log.txt" | tee -a "$LOG"
 }

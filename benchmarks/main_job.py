@@ -182,6 +182,7 @@ def main() -> None:
     parser.add_argument("--piqa", required=True)
     parser.add_argument("--tokenizer", required=True)
     parser.add_argument("--model", help="a saved model (default: a random GPT-2 124M, written)")
+    parser.add_argument("--tiny", action="store_true", help="CPU smoke test: a tiny GPT-2")
     parser.add_argument("--train-steps", type=int, default=2000)
     parser.add_argument("--variants", default="default,ddp-fp32")
     parser.add_argument("--timeout-s", type=float, default=400)
@@ -191,8 +192,9 @@ def main() -> None:
     if args.model is None:
         from tango_fairscale.model.causal_lm import ModelWrapper
 
-        args.model = tempfile.mkdtemp(prefix="gpt2-124m-")
-        config = {"model_type": "gpt2", **_bench.SHAPES["124m"]}
+        shape = "tiny" if args.tiny else "124m"
+        args.model = tempfile.mkdtemp(prefix=f"gpt2-{shape}-")
+        config = {"model_type": "gpt2", **_bench.SHAPES[shape]}
         ModelWrapper(config=config, tokenizer=args.tokenizer, seed=1).save(args.model)
     env = _bench.environment(args.commit)
     results = {name: run_command(name, VARIANTS[name], args) for name in args.variants.split(",")}
