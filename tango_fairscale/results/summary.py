@@ -5,12 +5,12 @@ scored tasks and metrics, read from step infos, the metrics result and the train
 from __future__ import annotations
 
 import datetime as dt
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..records.run_info import RunInfo
 from ..records.work_dir import RUN_INFO, TRAINING_LOG
 from .metrics import TaskMetrics, task_metrics
 from .run_state import StepStatus, run_status, step_statuses, wall_time
@@ -145,12 +145,12 @@ def summarise(reader: WorkspaceReader, run: RunRecord) -> RunSummary:
         **common,
         model=_describe_model(train.get("model")) or model,
         engine=_strip_prefix(engine.get("type")),
-        precision=info.get("precision") or engine.get("precision", "auto"),
-        device_count=info.get("world_size", train.get("device_count", 1)),
+        precision=info.precision or engine.get("precision", "auto"),
+        device_count=info.world_size or train.get("device_count", 1),
         train_steps=train.get("train_steps"),
         training_log=None if log is None else str(log),
         requested_precision=engine.get("precision", "auto"),
-        precision_recorded=bool(info.get("precision")),
+        precision_recorded=info.precision is not None,
         batch_size=train.get("batch_size"),
         lr=_dict(engine.get("optimizer")).get("lr"),
         seed=train.get("seed"),
@@ -202,15 +202,8 @@ def train_file(
     return None
 
 
-def _run_info(
-    reader: WorkspaceReader, run: RunRecord, statuses: dict[str, StepStatus]
-) -> dict[str, Any]:
-    path = train_file(reader, run, statuses, RUN_INFO)
-    try:
-        info = json.loads(path.read_text()) if path is not None else {}
-    except (OSError, ValueError):
-        return {}
-    return info if isinstance(info, dict) else {}
+def _run_info(reader: WorkspaceReader, run: RunRecord, statuses: dict[str, StepStatus]) -> RunInfo:
+    return RunInfo.read(train_file(reader, run, statuses, RUN_INFO))
 
 
 def _dict(value: Any) -> dict[str, Any]:

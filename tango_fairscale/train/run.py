@@ -3,11 +3,11 @@ step (losses, throughput, callbacks, preemption), validation, checkpoints and th
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,6 +23,7 @@ from ..evaluation.evaluator import Evaluator
 from ..evaluation.harness import merge, summary
 from ..parallel.engine import Engine
 from ..records.checkpoints import run_id
+from ..records.run_info import RunInfo
 from ..records.training_log import TrainingLog
 from ..records.work_dir import FINAL_WEIGHTS, RUN_INFO, TRAINING_LOG
 from ..runtime.process_group import barrier
@@ -261,19 +262,16 @@ def validate(engine: Engine, evaluator: Evaluator, tasks: list) -> dict[str, Any
         engine.model.train()
 
 
-def write_run_info(path: Any, engine: Engine, plan: Any) -> None:
-    """``{"precision", "world_size", "device", "global_batch", "grad_accum", "engine"}`` as
-    resolved by this run, as JSON."""
-    config = plan.config
-    info = {
-        "precision": engine.precision.name,
-        "world_size": config.world_size,
-        "device": engine.device.type,
-        "global_batch": plan.batch_size,
-        "grad_accum": config.grad_accum,
-        "engine": type(engine).__name__,
-    }
-    path.write_text(json.dumps(info) + "\n")
+def write_run_info(path: Path, engine: Engine, plan: Any) -> None:
+    """What this run resolved (:class:`~tango_fairscale.records.run_info.RunInfo`) into ``path``."""
+    RunInfo(
+        precision=engine.precision.name,
+        world_size=plan.config.world_size,
+        device=engine.device.type,
+        global_batch=plan.batch_size,
+        grad_accum=plan.config.grad_accum,
+        engine=type(engine).__name__,
+    ).write(path)
 
 
 def export_final_weights(engine: Engine, path: Any, is_main: bool) -> None:
