@@ -41,6 +41,13 @@ def positive_int(name: str, value: Any, *, optional: bool = False) -> Any:
     return value
 
 
+def non_negative_int(name: str, value: Any) -> int:
+    """``value`` if it is an integer ≥ 0."""
+    if not _is_int(value) or value < 0:
+        raise ConfigurationError(f"{name} must be 0 or a positive integer, got {value!r}")
+    return int(value)
+
+
 def positive_ints(values: Mapping[str, Any]) -> None:
     """:func:`positive_int` for each ``name: value``."""
     for name, value in values.items():

@@ -11,7 +11,7 @@ from tango.common.exceptions import ConfigurationError
 from tango.integrations.torch import LRScheduler
 
 from .. import compat  # noqa: F401  (Tango fixes)
-from ..checks import one_of, positive_int
+from ..checks import non_negative_int, one_of, positive_int
 
 DECAYS = ("constant", "linear", "cosine")
 
@@ -39,10 +39,7 @@ class WarmupSchedule(torch.optim.lr_scheduler.LambdaLR):
         decay: str = "constant",
         **kwargs: Any,
     ) -> None:
-        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
-            raise ConfigurationError(
-                f"warmup_steps must be 0 or a positive integer, got {warmup_steps!r}"
-            )
+        non_negative_int("warmup_steps", warmup_steps)
         one_of("decay", decay, DECAYS)
         if decay != "constant":
             positive_int("train_steps", train_steps)
