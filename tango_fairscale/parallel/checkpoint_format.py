@@ -49,7 +49,9 @@ class StateOwner(Protocol):
     model: Any
     optimizer: Any
     lr_scheduler: Any
-    grad_scaler: Any
+
+    @property
+    def grad_scaler(self) -> Any: ...
 
     @property
     def wrapped_model(self) -> Any: ...

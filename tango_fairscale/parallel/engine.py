@@ -1,5 +1,5 @@
-"""What every engine shares: precision, micro-batches with ``no_sync``, clipping, the grad scaler,
-and a checkpoint format.
+"""What every engine shares: precision (:mod:`.precision`'s ``Precision`` and ``LossScaling``),
+micro-batches with ``no_sync``, clipping, and a checkpoint format.
 
 An engine is a Tango ``TrainingEngine``: it wraps the model (DDP, FSDP, ...) and runs forward,
 backward and the optimizer step. :class:`Engine` implements everything but the wrapping;
@@ -30,7 +30,7 @@ from ..records.checkpoints import Identity, run_id
 from ..runtime.process_group import join_process_group
 from . import consolidate
 from .checkpoint_format import CheckpointFormat
-from .precision import resolve_precision
+from .precision import LossScaling, resolve_precision
 from .rank_files import RankFiles
 from .sharding import ShardingConfig
 
@@ -76,8 +76,8 @@ class Engine(TrainingEngine):
             join_process_group(train_config)
         self._no_sync = contextlib.ExitStack()
         super().__init__(train_config, model, optimizer, lr_scheduler=lr_scheduler)
-        self.grad_scaler = self._make_grad_scaler() if self.precision.needs_grad_scaler else None
-        self.skipped_steps = 0  # optimizer steps the fp16 grad scaler skipped
+        scaler = self._make_grad_scaler() if self.precision.needs_grad_scaler else None
+        self.loss_scaling = LossScaling(scaler)
         self.checkpoint_format = self._checkpoint_format()
 
     # --- construction -------------------------------------------------------------------------
@@ -92,10 +92,7 @@ class Engine(TrainingEngine):
             raise ConfigurationError(
                 f"the engine needs a 'tango_fairscale::causal_lm' model, got {type(model).__name__}"
             )
-        # The dtype the optimizer updates, whatever the checkpoint stored (a bf16 checkpoint trains
-        # on fp32 master weights under 32-true and the -mixed precisions).
-        model = model.to(self.precision.param_dtype)
-        return self._wrap_model(model)
+        return self._wrap_model(self.precision.convert_module(model))
 
     def _wrap_model(self, model: ModelWrapper) -> Model:
         """Move ``model`` to the device and wrap it for this engine."""
@@ -120,6 +117,16 @@ class Engine(TrainingEngine):
     def _make_grad_scaler(self) -> Any:
         return torch.amp.GradScaler(self.device.type)
 
+    @property
+    def grad_scaler(self) -> Any | None:
+        """The fp16 grad scaler (``16-mixed`` only; its state is in every checkpoint)."""
+        return self.loss_scaling.grad_scaler
+
+    @property
+    def skipped_steps(self) -> int:
+        """Optimizer steps the fp16 grad scaler skipped."""
+        return self.loss_scaling.skipped_steps
+
     def _checkpoint_format(self) -> CheckpointFormat:
         """The layout of this engine's checkpoints: rank 0's file, by default."""
         return RankFiles()
@@ -138,9 +145,7 @@ class Engine(TrainingEngine):
     # --- the training step --------------------------------------------------------------------
 
     def _autocast(self) -> contextlib.AbstractContextManager:
-        return torch.autocast(
-            self.device.type, dtype=self.precision.compute_dtype, enabled=self.precision.mixed
-        )
+        return self.precision.forward_context(self.device)
 
     def _no_sync_context(self) -> contextlib.AbstractContextManager:
         """Skip gradient synchronisation (for micro-batches before the last)."""
@@ -178,9 +183,7 @@ class Engine(TrainingEngine):
             )
 
     def backward(self, loss: torch.Tensor) -> None:
-        if self.grad_scaler is not None:
-            loss = self.grad_scaler.scale(loss)
-        loss.backward()
+        self.loss_scaling.backward(loss)
         self._no_sync.close()
 
     def clip_grad_norm(self) -> torch.Tensor | None:
@@ -189,22 +192,7 @@ class Engine(TrainingEngine):
         return torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
 
     def step(self) -> None:
-        if self.grad_scaler is None:
-            self.clip_grad_norm()
-            self.optimizer.step()
-        else:
-            scale = self.grad_scaler.get_scale()
-            self.grad_scaler.unscale_(self.optimizer)
-            self.clip_grad_norm()
-            self.grad_scaler.step(self.optimizer)  # skipped when a gradient overflowed
-            self.grad_scaler.update()
-            if self.grad_scaler.get_scale() < scale:
-                self.skipped_steps += 1
-                logger.warning(
-                    "fp16 gradient overflow: optimizer step skipped, loss scale %g -> %g",
-                    scale,
-                    self.grad_scaler.get_scale(),
-                )
+        self.loss_scaling.optimizer_step(self.optimizer, self.clip_grad_norm)
         # Gradients are not needed again before the next step's first backward: free them now
         # (less memory in validation; FairScale leaves sharded gradients on gathered parameters,
         # which a compiled unit's next forward would refuse).

@@ -1,14 +1,22 @@
-"""Precision settings by Lightning's names, resolved into the dtypes an engine computes and
-updates in."""
+"""Precision, apart from how an engine wraps the model (Lightning's precision plugin): settings by
+Lightning's names resolved into the dtypes an engine computes and updates in, the model converted
+and forwards autocast to them (:class:`Precision`), and fp16's loss scaling around backward and the
+optimizer step (:class:`LossScaling`)."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from tango.common.exceptions import ConfigurationError
 
 from ..checks import one_of
+
+logger = logging.getLogger(__name__)
 
 PRECISIONS = ("auto", "32-true", "bf16-mixed", "16-mixed", "bf16-true")
 
@@ -29,6 +37,15 @@ class Precision:
     def needs_grad_scaler(self) -> bool:
         return self.name == "16-mixed"
 
+    def convert_module(self, module: torch.nn.Module) -> Any:
+        """``module`` in the dtype the optimizer updates, whatever its checkpoint stored (a bf16
+        checkpoint trains on fp32 master weights under ``32-true`` and the ``-mixed`` ones)."""
+        return module.to(self.param_dtype)
+
+    def forward_context(self, device: torch.device) -> contextlib.AbstractContextManager:
+        """Where forwards run: autocast to :attr:`compute_dtype` under the ``-mixed`` ones."""
+        return torch.autocast(device.type, dtype=self.compute_dtype, enabled=self.mixed)
+
 
 def resolve_precision(name: str, device: torch.device) -> Precision:
     """Turn a precision name into dtypes; ``auto`` is ``bf16-mixed`` on a bf16 GPU, else fp32."""
@@ -47,3 +64,39 @@ def resolve_precision(name: str, device: torch.device) -> Precision:
         "16-mixed": Precision(name, torch.float16, torch.float32),
         "bf16-true": Precision(name, torch.bfloat16, torch.bfloat16),
     }[name]
+
+
+class LossScaling:
+    """fp16's loss scaling (``16-mixed``): the loss scaled before backward, the gradients unscaled
+    before clipping, a step with an overflowed gradient skipped (counted and logged) and the scale
+    lowered. Without a ``grad_scaler`` (every other precision) it only runs backward, clips and
+    steps. ``grad_scaler``: torch's, or a sharded engine's own (FairScale's, FSDP2's)."""
+
+    def __init__(self, grad_scaler: Any | None) -> None:
+        self.grad_scaler = grad_scaler
+        self.skipped_steps = 0
+
+    def backward(self, loss: torch.Tensor) -> None:
+        if self.grad_scaler is not None:
+            loss = self.grad_scaler.scale(loss)
+        loss.backward()
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, clip: Callable[[], Any]) -> None:
+        """``clip`` the (unscaled) gradients, then step ``optimizer`` unless one overflowed."""
+        scaler = self.grad_scaler
+        if scaler is None:
+            clip()
+            optimizer.step()
+            return
+        scale = scaler.get_scale()
+        scaler.unscale_(optimizer)
+        clip()
+        scaler.step(optimizer)  # skipped when a gradient overflowed
+        scaler.update()
+        if scaler.get_scale() < scale:
+            self.skipped_steps += 1
+            logger.warning(
+                "fp16 gradient overflow: optimizer step skipped, loss scale %g -> %g",
+                scale,
+                scaler.get_scale(),
+            )

@@ -47,3 +47,54 @@ def test_fp16_on_a_gpu_scales_gradients_and_is_refused_on_a_cpu() -> None:
 def test_an_unknown_name_is_refused_with_the_closest() -> None:
     with pytest.raises(ConfigurationError, match="unknown precision 'bf16mixed'; did you mean"):
         resolve_precision("bf16mixed", CPU)
+
+
+def test_loss_scaling_skips_an_overflowed_step_and_steps_a_finite_one(caplog) -> None:
+    """fp16's loss scaling with torch's grad scaler (on the CPU here; engines use it on GPUs):
+    an infinite gradient skips the step (weights unchanged, scale halved, counted and logged),
+    clipping sees unscaled gradients, a finite step updates the weights."""
+    from tango_fairscale.parallel.precision import LossScaling
+
+    weight = torch.nn.Parameter(torch.ones(2))
+    optimizer = torch.optim.SGD([weight], lr=0.1)
+    scaling = LossScaling(torch.amp.GradScaler("cpu", init_scale=1024.0))
+    clipped: list[float] = []
+
+    def clip() -> None:
+        clipped.append(float(weight.grad.norm()))
+
+    scaling.backward((weight * float("inf")).sum())
+    with caplog.at_level("WARNING", logger="tango_fairscale.parallel.precision"):
+        scaling.optimizer_step(optimizer, clip)
+    assert torch.equal(weight.detach(), torch.ones(2)) and scaling.skipped_steps == 1
+    assert scaling.grad_scaler.get_scale() == 512.0
+    assert "fp16 gradient overflow: optimizer step skipped, loss scale 1024 -> 512" in caplog.text
+    optimizer.zero_grad()
+    scaling.backward(weight.sum())
+    scaling.optimizer_step(optimizer, clip)
+    assert clipped[-1] == pytest.approx(2**0.5)  # unscaled: d(sum)/dw = 1 per element
+    assert torch.allclose(weight.detach(), torch.full((2,), 0.9))
+    assert scaling.skipped_steps == 1
+
+
+def test_without_a_scaler_loss_scaling_clips_and_steps() -> None:
+    from tango_fairscale.parallel.precision import LossScaling
+
+    weight = torch.nn.Parameter(torch.ones(1))
+    optimizer = torch.optim.SGD([weight], lr=0.5)
+    scaling = LossScaling(None)
+    calls: list[str] = []
+    scaling.backward(weight.sum())
+    scaling.optimizer_step(optimizer, lambda: calls.append("clip"))
+    assert calls == ["clip"] and float(weight.detach()) == 0.5 and scaling.skipped_steps == 0
+
+
+def test_convert_module_and_forward_context_follow_the_precision() -> None:
+    mixed, pure = resolve_precision("bf16-mixed", CPU), resolve_precision("bf16-true", CPU)
+    layer = torch.nn.Linear(2, 2).to(torch.bfloat16)  # as a bf16 checkpoint loads
+    assert mixed.convert_module(layer).weight.dtype == torch.float32  # fp32 master weights
+    with mixed.forward_context(CPU):
+        assert layer(torch.ones(1, 2)).dtype == torch.bfloat16  # fp32 weights, autocast
+    with resolve_precision("32-true", CPU).forward_context(CPU):
+        assert layer(torch.ones(1, 2)).dtype == torch.float32
+    assert pure.convert_module(layer).weight.dtype == torch.bfloat16
