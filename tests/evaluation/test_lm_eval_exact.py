@@ -4,8 +4,9 @@ For nine task formats (piqa, arc_easy, hellaswag, winogrande, openbookqa, sciq, 
 mmlu_anatomy) on the local fixtures in each task's real schema (``tests/fixtures/tasks``), zero-
 and two-shot, ``tango_fairscale::task_scores`` (given its requests by ``task_requests``, stored
 and read back, as the configs run it; building them itself where it says so) and
-``lm_eval.simple_evaluate(model="hf")`` on the same seeded tiny models get the same requests, log-likelihoods within 1e-4, the same greedy
-flags, per-document metric values and aggregated metrics (stderr included). HFLM runs with
+``lm_eval.simple_evaluate(model="hf")`` on the same seeded tiny models get the same requests,
+log-likelihoods within 1e-4, the same greedy flags, per-document metric values and aggregated
+metrics (stderr included). HFLM runs with
 ``logits_cache=False``: with its one-token cache on, it scores the shorter of two requests that
 share ``context + continuation[:-1]`` on the wrong positions (fixture winogrande 4 and 5 —
 shown below). A ``loglikelihood`` task whose continuations are the model's own greedy tokens and

@@ -21,8 +21,8 @@ from tango.integrations.torch import Model, TrainConfig, TrainingEngine
 from tango_fairscale.evaluation.steps import TaskScoresStep
 from tango_fairscale.model.causal_lm import ModelWrapper
 from tango_fairscale.tasks.lm_eval import TaskSpec
-from tango_fairscale.train.loop import TrainPlan
 from tango_fairscale.train.launch import component_modules
+from tango_fairscale.train.loop import TrainPlan
 
 
 def long_random_task(directory: Path, tokenizer) -> TaskSpec:
