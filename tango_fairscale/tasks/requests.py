@@ -4,6 +4,7 @@ that its evaluator scores them as if it had built them itself."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Mapping
@@ -14,6 +15,7 @@ from tango.common.exceptions import ConfigurationError
 
 from .. import compat  # noqa: F401  (Tango fixes)
 from ..checks import one_line
+from ..records.fingerprint import local_fingerprint
 from .format import RequestsFormat
 from .lm_eval import TaskDict, TaskSpec, load_tasks
 
@@ -21,9 +23,6 @@ logger = logging.getLogger(__name__)
 
 #: The layout of a stored requests result (``format`` key); another one is refused.
 REQUESTS_FORMAT = 1
-
-#: The :class:`~.lm_eval.TaskSpec` fields a requests result records and ``task_scores`` checks.
-SPEC_FIELDS = ("num_fewshot", "fewshot_seed", "limit", "system_instruction")
 
 
 @Step.register("tango_fairscale::task_requests")
@@ -134,8 +133,26 @@ def build_requests(spec: TaskSpec, loaded: TaskDict | None = None) -> dict[str, 
 
 
 def spec_fields(spec: TaskSpec) -> dict[str, Any]:
-    """What a requests result records of the spec it was built for (:data:`SPEC_FIELDS`)."""
-    return {field: getattr(spec, field) for field in SPEC_FIELDS}
+    """What a requests result records of the spec it was built for: every field but
+    ``dataset`` (whose documents the requests' document hashes stand for), and the fingerprint of
+    the local files it reads."""
+    fields = {
+        field.name: _plain(getattr(spec, field.name))
+        for field in dataclasses.fields(spec)
+        if field.name != "dataset"
+    }
+    return fields | {"local_files": local_fingerprint(spec.local_files())}
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON reads it back (tuples as lists, other objects as their ``repr``)."""
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    if isinstance(value, Mapping):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return repr(value)
 
 
 def _stored_task(name: str, task: Any, limit: int | None) -> dict[str, Any]:
@@ -188,20 +205,22 @@ def _json_value(value: Any, task: str) -> Any:
 
 def check_requests(spec: TaskSpec, requests: Mapping[str, Any], loaded: TaskDict) -> None:
     """Refuse in one line a requests result built for another task configuration than
-    ``spec`` (its label, few-shot count and seed, limit, system instruction, tasks)."""
+    ``spec`` (:func:`spec_fields`: every field but ``dataset``, the local files' fingerprint;
+    its label and tasks), naming the fields that differ."""
     if not isinstance(requests, Mapping) or requests.get("format") != REQUESTS_FORMAT:
         raise ConfigurationError(
             f"task {spec.label!r}: requests must be a tango_fairscale::task_requests result "
             f"(format {REQUESTS_FORMAT})"
         )
-    built = (requests.get("label"), requests.get("spec"), sorted(requests.get("tasks", {})))
-    wanted = (spec.label, spec_fields(spec), sorted(loaded["tasks"]))
-    if built != wanted:
+    built = {"label": requests.get("label"), "tasks": sorted(requests.get("tasks", {}))}
+    built |= requests.get("spec") or {}
+    wanted = {"label": spec.label, "tasks": sorted(loaded["tasks"])} | spec_fields(spec)
+    differ = [key for key in wanted if built.get(key) != wanted[key]]
+    if differ:
+        shown = ", ".join(f"{key} {built.get(key)!r} (not {wanted[key]!r})" for key in differ)
         raise ConfigurationError(
-            f"task {spec.label!r}: its requests were built for another task configuration "
-            f"({built[0]!r}, {built[1]}, tasks {built[2]}; this one is {wanted[0]!r}, "
-            f"{wanted[1]}, tasks {wanted[2]}): give task_scores the task_requests step of "
-            "the same task"
+            f"task {spec.label!r}: its requests were built for another task configuration: "
+            f"{one_line(shown, 300)}; give task_scores the task_requests step of the same task"
         )
 
 

@@ -168,11 +168,20 @@ def test_its_key_is_the_task_configuration_not_the_model(
 def test_requests_of_another_configuration_are_refused_in_one_line(tmp_path: Path) -> None:
     spec = spec_of("copa", tmp_path, num_fewshot=0)
     stored = stored_requests(spec)
-    for other in (dataclasses.replace(spec, limit=LIMIT + 1), spec_of("arc_easy", tmp_path)):
+    others = {
+        "limit": dataclasses.replace(spec, limit=LIMIT + 1),
+        "fewshot_seed": dataclasses.replace(spec, fewshot_seed=7),
+        "data_dir": dataclasses.replace(
+            spec, data_dir=str(shutil.copytree(spec.data_dir, tmp_path / "copa"))
+        ),
+        "label": spec_of("arc_easy", tmp_path),
+    }
+    for field, other in others.items():
         with pytest.raises(ConfigurationError) as error:
             check_requests(other, stored, load_tasks(other))
-        assert "built for another task configuration" in str(error.value)
-        assert "\n" not in str(error.value)
+        message = str(error.value)
+        assert "built for another task configuration" in message and f"{field} " in message
+        assert "\n" not in message
     with pytest.raises(ConfigurationError, match="task_requests result"):
         check_requests(spec, {"tasks": {}}, load_tasks(spec))
 
