@@ -215,7 +215,12 @@ def check_requests(spec: TaskSpec, requests: Mapping[str, Any], loaded: TaskDict
     built = {"label": requests.get("label"), "tasks": sorted(requests.get("tasks", {}))}
     built |= requests.get("spec") or {}
     wanted = {"label": spec.label, "tasks": sorted(loaded["tasks"])} | spec_fields(spec)
-    differ = [key for key in wanted if built.get(key) != wanted[key]]
+    defaults = {field.name: _plain(field.default) for field in dataclasses.fields(spec)}
+    differ = [
+        key
+        for key in wanted
+        if built.get(key, defaults.get(key, None)) != wanted[key]  # a later field: its default
+    ]
     if differ:
         shown = ", ".join(f"{key} {built.get(key)!r} (not {wanted[key]!r})" for key in differ)
         raise ConfigurationError(

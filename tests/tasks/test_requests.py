@@ -182,6 +182,13 @@ def test_requests_of_another_configuration_are_refused_in_one_line(tmp_path: Pat
         message = str(error.value)
         assert "built for another task configuration" in message and f"{field} " in message
         assert "\n" not in message
+    older = {**stored, "spec": dict(stored["spec"])}  # built before a field existed: its default
+    del older["spec"]["fewshot_as_multiturn"]
+    check_requests(spec, older, load_tasks(spec))
+    with pytest.raises(ConfigurationError, match="fewshot_as_multiturn None"):
+        check_requests(
+            dataclasses.replace(spec, fewshot_as_multiturn=False), older, load_tasks(spec)
+        )
     with pytest.raises(ConfigurationError, match="task_requests result"):
         check_requests(spec, {"tasks": {}}, load_tasks(spec))
 
