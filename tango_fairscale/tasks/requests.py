@@ -96,15 +96,18 @@ def build_requests(spec: TaskSpec, loaded: TaskDict | None = None) -> dict[str, 
     seeded as :func:`~tango_fairscale.evaluation.harness.evaluate_task` seeds it), JSON-safe::
 
         {"format": 1, "label": "piqa", "spec": {"num_fewshot": 0, ...},
-         "tasks": {"piqa": {"task_name": "piqa", "limit": 8, "documents": [
+         "tasks": {"piqa": {"task_name": "piqa", "limit": 8,
+             "fewshot_hash": null, "documents": [
              {"doc_id": 0, "doc_hash": "<lm-eval's hash of the document>", "requests": [
                  {"request_type": "loglikelihood", "arguments": ["Question: ...", " answer"],
                   "tuple": true, "idx": 0, "repeats": 1}, ...]}, ...]}}}
 
     ``arguments`` are lm-eval's ``Instance.arguments`` (``(context, continuation)``,
     ``(context, gen_kwargs)``, ``(text,)``) with tuples as lists; ``tuple`` says whether they
-    were one. Nothing depends on a model or tokenizer, so a task's chat-templated prompts
-    (``apply_chat_template``) are refused: they are built by the tokenizer's template."""
+    were one; ``fewshot_hash`` is :func:`fewshot_hash`'s (with ``doc_hash``, what
+    :func:`use_requests` checks the data by). Nothing depends on a model or tokenizer, so a
+    task's chat-templated prompts (``apply_chat_template``: the tokenizer's template builds
+    them) are refused."""
     from lm_eval.evaluator_utils import get_sample_size
 
     if spec.apply_chat_template:
@@ -175,7 +178,21 @@ def _stored_task(name: str, task: Any, limit: int | None) -> dict[str, Any]:
             }
         )
     (task_name,) = task_names or {name}
-    return {"task_name": task_name, "limit": limit, "documents": list(documents.values())}
+    return {
+        "task_name": task_name,
+        "limit": limit,
+        "fewshot_hash": fewshot_hash(task),
+        "documents": list(documents.values()),
+    }
+
+
+def fewshot_hash(task: Any) -> str | None:
+    """lm-eval's hash of the documents ``task`` draws its few-shot examples from (``None``
+    without few-shot examples)."""
+    sampler = getattr(task, "sampler", None)
+    if not task.get_config("num_fewshot") or sampler is None:
+        return None
+    return doc_hash(list(sampler.df))
 
 
 def doc_hash(doc: Any) -> str:
@@ -233,9 +250,10 @@ def use_requests(loaded: TaskDict, requests: Mapping[str, Any]) -> None:
     """Make each task of ``loaded`` take its stored requests when lm-eval's ``evaluate`` asks it
     to build them: the same ``Instance`` s (type, arguments, ``idx``, metadata) over the task's
     own documents. Where lm-eval asks for something else than they were built for (another
-    limit, a process's share, chosen samples, a chat template) or a document's hash differs
-    from the stored one (the data changed under a cached result), the task builds its requests
-    itself, with a warning for changed documents."""
+    limit, a process's share, chosen samples, a chat template) or a document's hash or the
+    few-shot documents' hash differs from the stored one (the data changed under a cached
+    result: a hub dataset, keyed by name), the task builds its requests itself, with a warning
+    for changed documents."""
     for name, task in loaded["tasks"].items():
         stored = requests["tasks"][name]
         build = task.build_all_requests
@@ -264,6 +282,13 @@ def _restored(task: Any, stored: Mapping[str, Any], kwargs: Mapping[str, Any]) -
         or kwargs.get("samples") is not None
         or kwargs.get("apply_chat_template")
     ):
+        return None
+    if fewshot_hash(task) != stored["fewshot_hash"]:
+        logger.warning(
+            "task %r: its few-shot documents are not those its stored requests were built from "
+            "(the data changed since): building its requests again",
+            stored["task_name"],
+        )
         return None
     documents = dict(task.doc_iterator(rank=0, limit=stored["limit"], world_size=1))
     if sorted(documents) != sorted(document["doc_id"] for document in stored["documents"]):

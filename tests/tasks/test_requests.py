@@ -193,21 +193,30 @@ def test_requests_of_another_configuration_are_refused_in_one_line(tmp_path: Pat
         check_requests(spec, {"tasks": {}}, load_tasks(spec))
 
 
+@pytest.mark.parametrize(
+    ("split", "warning"),
+    [
+        ("validation", "not the one its stored requests were built from"),
+        ("train", "few-shot documents are not those its stored requests were built from"),
+    ],
+)
 def test_documents_changed_under_cached_requests_are_built_again(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, split: str, warning: str
 ) -> None:
+    """As a hub dataset (keyed by name) may change under a cached requests result: the scored
+    documents, or only those the few-shot examples are drawn from."""
     data = shutil.copytree(FIXTURES / "copa", tmp_path / "copa")
-    spec = TaskSpec(name="copa", data_dir=str(data), limit=LIMIT)
+    spec = TaskSpec(name="copa", data_dir=str(data), limit=LIMIT, num_fewshot=SHOTS)
     stored = stored_requests(spec)
-    validation = data / "validation.jsonl"
-    lines = validation.read_text().splitlines()
-    validation.write_text("\n".join(reversed(lines)) + "\n")
+    changed = data / f"{split}.jsonl"
+    lines = changed.read_text().splitlines()
+    changed.write_text("\n".join(reversed(lines)) + "\n")
     built, restored = load_tasks(spec), load_tasks(spec)
     use_requests(restored, stored)
     for loaded in (built, restored):
         loaded["tasks"]["copa"].build_all_requests(limit=LIMIT, rank=0, world_size=1)
     assert instance_fields(restored["tasks"]["copa"]) == instance_fields(built["tasks"]["copa"])
-    assert "not the one its stored requests were built from" in caplog.text
+    assert warning in caplog.text
 
 
 def test_chat_templated_tasks_are_refused(tmp_path: Path) -> None:
