@@ -223,3 +223,10 @@ def test_chat_templated_tasks_are_refused(tmp_path: Path) -> None:
     spec = spec_of("copa", tmp_path, apply_chat_template=True)
     with pytest.raises(ConfigurationError, match="chat-templated prompts depend on the model"):
         TaskRequestsStep().run(task=spec)
+
+
+def test_more_shots_than_the_few_shot_split_holds_is_refused_in_one_line(tmp_path: Path) -> None:
+    spec = spec_of("copa", tmp_path, num_fewshot=50)
+    with pytest.raises(ConfigurationError, match="num_fewshot 50 needs more documents") as error:
+        TaskRequestsStep().run(task=spec)
+    assert "\n" not in str(error.value)
