@@ -20,7 +20,8 @@
 //   log_every      steps between logged losses, throughput and memory                      10
 //
 // Steps: `piqa` (the official files' documents), `trained_model` (absent when train_steps=0),
-// `predictions` (lm-eval's `piqa` task scored: requests, log-likelihoods, lm-eval's results) and
+// `requests` (lm-eval's `piqa` requests, built once for every model scored on these files),
+// `predictions` (lm-eval's `piqa` task scored: log-likelihoods, lm-eval's results) and
 // `metrics` (acc, acc_norm, their standard errors, num_examples of the validation split).
 local engines = import 'lib/engines.libsonnet';
 
@@ -77,10 +78,14 @@ local piqa = { name: 'piqa', dataset: ref('piqa') };
       // models such as Bloom.
       pack_sequences: null,
     },
+    // lm-eval's requests of the `piqa` task, built once: another model scored on the same
+    // files in this workspace takes them from the cache.
+    requests: { type: 'tango_fairscale::task_requests', task: piqa },
     predictions: {
       type: 'tango_fairscale::task_scores',
       model: if train_steps > 0 then ref('trained_model') else model,
       task: piqa,
+      requests: ref('requests'),
       precision: std.extVar('precision'),
       pack_sequences: null,  // packed where the model takes packed batches
     },

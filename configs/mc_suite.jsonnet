@@ -17,8 +17,10 @@
 //   warmup_steps, lr_decay, log_every, limit (documents per task; 0 = all)  as gpt2_piqa.jsonnet
 //   train_task     the task trained on when train_steps > 0 (its training split)   piqa
 //
-// Steps: `scores_<task>` for each task (lm-eval's requests, log-likelihoods and results),
-// `metrics` (all tasks' lm-eval results and a flat summary), `trained_model` when training.
+// Steps: `requests_<task>` for each task (lm-eval's requests, built once for every model: a
+// second model on the same tasks in the same workspace builds none), `scores_<task>` (the
+// model's log-likelihoods or generated texts and lm-eval's results), `metrics` (all tasks'
+// lm-eval results and a flat summary), `trained_model` when training.
 local engines = import 'lib/engines.libsonnet';
 local variables = import 'lib/variables.libsonnet';
 
@@ -77,10 +79,16 @@ local reads_piqa = std.member(names, 'piqa') || (train_steps > 0 && std.extVar('
       pack_sequences: null,  // packed where the engine's model takes packed batches
     },
   } + {
+    // lm-eval's requests of each task, built once: every model scored on the task in this
+    // workspace takes them from the cache.
+    ['requests_' + name]: { type: 'tango_fairscale::task_requests', task: task(name) }
+    for name in names
+  } + {
     ['scores_' + name]: {
       type: 'tango_fairscale::task_scores',
       model: if train_steps > 0 then ref('trained_model') else model,
       task: task(name),
+      requests: ref('requests_' + name),
       precision: std.extVar('precision'),
       pack_sequences: null,
     }

@@ -9,9 +9,12 @@ directory changed in place is computed again.
   list, a split → path or split → list mapping, a glob), a local ``dataset_path`` directory, an
   included YAML, a ``!function`` module; a task config's labels flipped in place and scored
   again through a workspace give the new metrics;
+* a task's requests step (``task_requests``) does not depend on the model: its id stays when
+  the model changes and changes with every local file the task reads;
 * (slow) through ``tango run``: ``configs/gpt2_piqa.jsonnet`` (``train_steps=0`` and ``2``) and
   ``configs/mc_suite.jsonnet`` (local task directories) rerun under another hash seed start no
-  step; after a directory is overwritten in place, exactly the steps that read it run again;
+  step; another model on the same tasks in the same workspace starts no requests step; after a
+  directory is overwritten in place, exactly the steps that read it run again;
   PIQA labels flipped in place give the new metrics.
 """
 
@@ -39,6 +42,7 @@ from tango.integrations.torch import Model, TrainingEngine
 from tango_fairscale.evaluation.steps import TaskScoresStep
 from tango_fairscale.model.causal_lm import ModelWrapper
 from tango_fairscale.tasks.lm_eval import TaskSpec
+from tango_fairscale.tasks.requests import TaskRequestsStep
 from tango_fairscale.train.step import TrainStep
 import tango_fairscale.parallel.ddp
 model_dir, task_dir = sys.argv[1:]
@@ -49,13 +53,14 @@ train = TrainStep(
     model=Lazy(Model, Params({"type": "tango_fairscale::causal_lm", "model": model_dir})),
     engine=Lazy(TrainingEngine, Params(engine)), task=task, train_steps=2,
 )
-print(json.dumps([scores.unique_id, train.unique_id]))
+requests = TaskRequestsStep(task=task)
+print(json.dumps([scores.unique_id, train.unique_id, requests.unique_id]))
 """
 
 
 def step_ids(model_dir: Path, task_dir: Path, hash_seed: str) -> list[str]:
-    """The unique ids of a scoring and a train step over ``model_dir``, computed in a fresh
-    process with ``PYTHONHASHSEED=hash_seed``."""
+    """The unique ids of a scoring, a train and a requests step over ``model_dir``, computed in a
+    fresh process with ``PYTHONHASHSEED=hash_seed``."""
     done = subprocess.run(
         [sys.executable, "-c", STEP_IDS, str(model_dir), str(task_dir)],
         env={**os.environ, "PYTHONHASHSEED": hash_seed},
@@ -81,6 +86,7 @@ def in_process_ids(model_dir: Path, task_dir: Path) -> dict[str, str]:
     from tango_fairscale.evaluation.steps import TaskScoresStep
     from tango_fairscale.model.causal_lm import ModelWrapper
     from tango_fairscale.tasks.lm_eval import TaskSpec
+    from tango_fairscale.tasks.requests import TaskRequestsStep
     from tango_fairscale.train.step import TrainStep
 
     task = TaskSpec(name="piqa", data_dir=str(task_dir))
@@ -90,7 +96,8 @@ def in_process_ids(model_dir: Path, task_dir: Path) -> dict[str, str]:
         model=model, engine=Lazy(TrainingEngine, Params(engine)), task=task, train_steps=2
     )
     scores = TaskScoresStep(model=ModelWrapper(str(model_dir)), task=task)
-    return {"train": train.unique_id, "scores": scores.unique_id}
+    requests = TaskRequestsStep(task=task)
+    return {"train": train.unique_id, "scores": scores.unique_id, "requests": requests.unique_id}
 
 
 def test_a_model_directory_changed_in_place_changes_the_step_ids(
@@ -105,6 +112,7 @@ def test_a_model_directory_changed_in_place_changes_the_step_ids(
     save_tiny_gpt2(model_dir, tokenizer_dir, seed=2)  # other weights, same shapes, same path
     after = in_process_ids(model_dir, task_dir)
     assert after["train"] != before["train"] and after["scores"] != before["scores"]
+    assert after["requests"] == before["requests"]  # the requests do not depend on the model
 
 
 def test_a_task_data_directory_changed_in_place_changes_the_step_ids(
@@ -117,6 +125,7 @@ def test_a_task_data_directory_changed_in_place_changes_the_step_ids(
     validation.write_text("\n".join(lines[1:]) + "\n")  # one document fewer, same mtime or not
     after = in_process_ids(tiny_model_dir, task_dir)
     assert after["train"] != before["train"] and after["scores"] != before["scores"]
+    assert after["requests"] != before["requests"]
 
 
 # Every kind of local file a step reads, edited in place ----------------------------------------
@@ -229,6 +238,15 @@ def scores_id(model: Any, task: dict[str, Any]) -> str:
     return TaskScoresStep(model=model, task=spec).unique_id
 
 
+def requests_id(task: dict[str, Any]) -> str:
+    from tango.common import Params
+
+    from tango_fairscale.tasks.lm_eval import TaskSpec
+    from tango_fairscale.tasks.requests import TaskRequestsStep
+
+    return TaskRequestsStep(task=TaskSpec.from_params(Params(copy.deepcopy(task)))).unique_id
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_file_a_task_names_changed_in_place_changes_the_step_id(
     tmp_path: Path, scoring_model: Any, kind: str
@@ -238,10 +256,11 @@ def test_a_file_a_task_names_changed_in_place_changes_the_step_id(
     shutil.copy(FIXTURE_TASKS / "piqa" / "validation.jsonl", data / "test.jsonl")
     shutil.copy(FIXTURE_TASKS / "piqa" / "train.jsonl", data / "train.jsonl")
     task, path, edit = local_file_kinds(tmp_path)[kind]
-    before = scores_id(scoring_model, task)
-    assert scores_id(scoring_model, task) == before
+    before = scores_id(scoring_model, task), requests_id(task)
+    assert (scores_id(scoring_model, task), requests_id(task)) == before
     edit(path)
-    assert scores_id(scoring_model, task) != before
+    after = scores_id(scoring_model, task), requests_id(task)
+    assert after[0] != before[0] and after[1] != before[1]
 
 
 def test_piqa_files_changed_in_place_change_the_step_ids(
@@ -344,13 +363,14 @@ def test_gpt2_piqa_reruns_start_no_step_until_the_model_changes(
         "validate_every": "2",
     }
     config, workspace = "configs/gpt2_piqa.jsonnet", tmp_path / "workspace"
-    steps = {"piqa", "predictions", "metrics"} | (
+    steps = {"piqa", "requests", "predictions", "metrics"} | (
         {"trained_model"} if train_steps != "0" else set()
     )
     assert started(tango_run(config, workspace, defines, "1")) == steps
     assert started(tango_run(config, workspace, defines, "2")) == set()
     save_tiny_gpt2(model_dir, tokenizer_dir, seed=2, n_positions=256)  # overwritten in place
-    assert started(tango_run(config, workspace, defines, "3")) == steps - {"piqa"}
+    # another model on the same files: lm-eval's requests come from the cache
+    assert started(tango_run(config, workspace, defines, "3")) == steps - {"piqa", "requests"}
 
 
 @pytest.mark.slow
@@ -372,14 +392,19 @@ def test_mc_suite_reruns_start_no_step_until_a_task_directory_changes(
         "limit": "8",
     }
     config, workspace = "configs/mc_suite.jsonnet", tmp_path / "workspace"
-    steps = {"scores_copa", "scores_arc_easy", "metrics"}
+    scores = {"scores_copa", "scores_arc_easy", "metrics"}
+    steps = scores | {"requests_copa", "requests_arc_easy"}
     assert started(tango_run(config, workspace, defines, "1")) == steps
     assert started(tango_run(config, workspace, defines, "2")) == set()
+    # a second model on the same suite: no request is built again
+    other = save_tiny_gpt2(tmp_path / "other-model", tokenizer_dir, seed=2, n_positions=256)
+    assert started(tango_run(config, workspace, defines | {"model": str(other)}, "3")) == scores
     (tasks / "copa").unlink()  # the same path, other documents
     copa = shutil.copytree(FIXTURE_TASKS / "copa", tasks / "copa")
     lines = (copa / "validation.jsonl").read_text().splitlines()
     (copa / "validation.jsonl").write_text("\n".join(reversed(lines)) + "\n")
-    assert started(tango_run(config, workspace, defines, "3")) == {"scores_copa", "metrics"}
+    changed = {"requests_copa", "scores_copa", "metrics"}
+    assert started(tango_run(config, workspace, defines, "4")) == changed
 
 
 @pytest.mark.slow
@@ -399,7 +424,7 @@ def test_gpt2_piqa_rerun_after_labels_flipped_in_place_gives_the_new_metrics(
     defines = {"model": str(model_dir), "data_dir": str(data_dir), "train_steps": "0"}
     defines |= {"limit": "8", "engine": "ddp", "batch_size": "4"}
     config, workspace = "configs/gpt2_piqa.jsonnet", tmp_path / "workspace"
-    steps = {"piqa", "predictions", "metrics"}
+    steps = {"piqa", "requests", "predictions", "metrics"}
     assert started(tango_run(config, workspace, defines, "1", name="before")) == steps
     flip_labels(data_dir / "valid-labels.lst", 8)  # the same path, the same file names
     assert started(tango_run(config, workspace, defines, "2", name="after")) == steps

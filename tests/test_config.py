@@ -36,7 +36,7 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIG = "configs/gpt2_piqa.jsonnet"
 NUM_VALIDATION = 1838
-STEPS = ("piqa", "trained_model", "predictions", "metrics")
+STEPS = ("piqa", "trained_model", "requests", "predictions", "metrics")
 TRAIN_STEPS, VALIDATE_EVERY = 10, 5
 TRAIN_DEFINES = (
     f"train_steps={TRAIN_STEPS}",

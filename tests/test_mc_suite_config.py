@@ -118,6 +118,11 @@ def test_the_official_piqa_files_are_read_through_a_piqa_step() -> None:
     assert steps["scores_piqa"]["task"]["dataset"] == {"type": "ref", "ref": "piqa"}
     assert "data_dir" not in steps["scores_piqa"]["task"]
     assert steps["scores_copa"]["task"]["data_dir"] == "/data/tasks/copa"
+    for task in ("piqa", "copa"):  # each task's requests built by a step of its own, same task
+        requests = steps[f"requests_{task}"]
+        assert requests == {"type": "tango_fairscale::task_requests", "task": requests["task"]}
+        assert requests["task"] == steps[f"scores_{task}"]["task"]
+        assert steps[f"scores_{task}"]["requests"] == {"type": "ref", "ref": f"requests_{task}"}
     assert "piqa" not in evaluate(MC_SUITE, tasks="piqa,copa")["steps"]
     trained = evaluate(MC_SUITE, tasks="copa", data_dir="/data/piqa", train_steps="3")["steps"]
     assert trained["trained_model"]["task"]["dataset"] == {"type": "ref", "ref": "piqa"}

@@ -9,8 +9,8 @@ from typing import Any
 
 from tango.common.exceptions import ConfigurationError
 
-from ..checks import one_line
 from ..tasks.lm_eval import TaskDict, TaskSpec, load_tasks
+from ..tasks.requests import fewshot_refusal
 
 #: The keys of lm-eval's results JSON that a task's scores keep (besides ``samples``).
 RESULT_KEYS = (
@@ -54,12 +54,9 @@ def evaluate_task(
             fewshot_as_multiturn=spec.fewshot_as_multiturn and spec.apply_chat_template,
         )
     except (ValueError, AssertionError) as error:  # raised while building the requests
-        message = one_line(error)
-        if "Sample larger than population" in message or "fewshot samples" in message:
-            raise ConfigurationError(
-                f"task {spec.label!r}: num_fewshot {spec.num_fewshot} needs more documents than "
-                f"its few-shot split holds ({message}); lower num_fewshot"
-            ) from None
+        refusal = fewshot_refusal(spec, error)
+        if refusal is not None:
+            raise refusal from None
         raise
     scores = {key: json_safe(output[key]) for key in RESULT_KEYS if key in output}
     if loaded.get("skipped_documents"):  # strict: false left them out

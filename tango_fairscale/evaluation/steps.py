@@ -18,6 +18,7 @@ from ..checks import boolean
 from ..model.causal_lm import ModelWrapper, packing_refusal
 from ..parallel.precision import resolve_precision
 from ..tasks.lm_eval import TaskSpec, load_tasks
+from ..tasks.requests import check_requests, use_requests
 from .call import EvalOptions, GenerationSettings, ModelCall
 from .evaluator import Evaluator
 from .harness import merge, summary
@@ -32,8 +33,9 @@ class TaskScoresStep(Step[dict]):
 
     Registered as a Tango ``Step`` under the name ``"tango_fairscale::task_scores"``.
 
-    lm-eval builds the task's requests (its prompts, few-shot examples, choices) and computes its
-    metrics (``process_results`` and aggregation, stderr included); the log-likelihoods come from
+    lm-eval builds the task's requests (its prompts, few-shot examples, choices; once for every
+    model when ``requests`` gives them) and computes its metrics (``process_results`` and
+    aggregation, stderr included); the log-likelihoods come from
     :class:`~tango_fairscale.evaluation.lm.ScorerLM` on the GPU when there is one: length-sorted
     batches of at most ``batch_size`` queries and ``max_batch_tokens`` tokens, packed (a
     question's context once for all its choices) where the model takes packed batches
@@ -63,6 +65,12 @@ class TaskScoresStep(Step[dict]):
         most tokens generated (lm-eval's default, 256).
     :param generation_seed: seeds sampling, for tasks that sample (request ``i`` from
         ``generation_seed + i``). Generation batches hold at most ``batch_size`` prompts.
+    :param requests: the task's requests, built once for every model by a
+        ``tango_fairscale::task_requests`` step of the same ``task`` (refused in one line
+        otherwise): lm-eval's evaluator takes them instead of building them
+        (:func:`~tango_fairscale.tasks.requests.use_requests`), so every request, score and
+        metric is the one it would have built; ``null``: built here (chat-templated tasks).
+        Not part of the cache key: they are a function of ``task``, which is.
 
     Returns lm-eval's results JSON for the task (``results`` with keys such as ``acc,none`` and
     ``acc_stderr,none``, ``groups``, ``n-samples``, ``n-shot``, ``versions``, ...) and its
@@ -82,7 +90,7 @@ class TaskScoresStep(Step[dict]):
     DETERMINISTIC = True
     CACHEABLE = True
     FORMAT = JsonFormat()
-    SKIP_ID_ARGUMENTS = {"batch_size", "max_batch_tokens", "pack_sequences"}
+    SKIP_ID_ARGUMENTS = {"batch_size", "max_batch_tokens", "pack_sequences", "requests"}
 
     @classmethod
     def massage_kwargs(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -119,6 +127,7 @@ class TaskScoresStep(Step[dict]):
         bootstrap_iters: int = 100000,
         max_gen_toks: int = GenerationSettings.max_gen_toks,
         generation_seed: int = GenerationSettings.seed,
+        requests: dict | None = None,
     ) -> dict:
         options = EvalOptions(batch_size, max_batch_tokens)
         generation = GenerationSettings(max_gen_toks, generation_seed)
@@ -135,6 +144,9 @@ class TaskScoresStep(Step[dict]):
         device = default_device()
         resolved = resolve_precision(precision, device)
         loaded = load_tasks(task)  # checked before the model is loaded or scores anything
+        if requests is not None:  # built once by a task_requests step: lm-eval takes them
+            check_requests(task, requests, loaded)
+            use_requests(loaded, requests)
         # fp32 weights whatever the model holds (bf16 ones under bf16-true), on the device
         scorer = evaluation_model(given, device, resolved.param_dtype)
         if pack_sequences is None:

@@ -1,5 +1,6 @@
-"""How a data step's ``DatasetDict`` is stored in the workspace: one JSON file, read back as data
-only (no pickle, no class named by the file: nothing read runs code)."""
+"""How a data step's ``DatasetDict`` and a task's requests are stored in the workspace: one JSON
+file each, read back as data only (no pickle, no class named by the file: nothing read runs
+code)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from tango.common.dataset_dict import DatasetDict
 from .. import compat  # noqa: F401  (Tango fixes)
 
 DATA_FILE = "dataset_dict.json"
+REQUESTS_FILE = "requests.json"
 
 
 @Format.register("tango_fairscale::dataset_dict")
@@ -58,3 +60,38 @@ class DatasetDictFormat(Format[DatasetDict]):
                 f"{{...}}}}); delete {dir} to compute the step again"
             )
         return DatasetDict(splits=splits, metadata=metadata)
+
+
+@Format.register("tango_fairscale::requests")
+class RequestsFormat(Format[dict]):
+    """Stores a ``tango_fairscale::task_requests`` result (a dict of JSON values) as
+    ``requests.json``.
+
+    Registered as a Tango ``Format`` under the name ``"tango_fairscale::requests"``. Reading builds
+    lists, dicts, strings and numbers only (unlike Tango's ``JsonFormat``, no ``_dataclass`` key
+    names a class to build); a file that is not such a dict with a ``format`` key raises a
+    one-line ``ValueError`` naming it.
+    """
+
+    VERSION = "001"
+
+    def write(self, artifact: dict, dir: PathOrStr) -> None:
+        with (Path(dir) / REQUESTS_FILE).open("w", encoding="utf-8") as file:
+            json.dump(artifact, file, allow_nan=False, ensure_ascii=False)
+
+    def read(self, dir: PathOrStr) -> dict:
+        path = Path(dir) / REQUESTS_FILE
+        try:
+            with path.open(encoding="utf-8") as file:
+                stored: Any = json.load(file)
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            reason = f"{type(error).__name__}: {error}"
+            raise ValueError(
+                f"{path} is not JSON ({reason}); delete {dir} to compute the step again"
+            ) from None
+        if not isinstance(stored, dict) or "format" not in stored:
+            raise ValueError(
+                f"{path} is not a stored task_requests result; delete {dir} to compute the step "
+                "again"
+            )
+        return stored

@@ -22,6 +22,7 @@ import pytest
 import torch
 from conftest import REPO_ROOT, lm_eval_as_released
 from helpers.peaked import save_peaked_model
+from helpers.requests import scores_with_stored_requests
 
 from tango_fairscale.evaluation.steps import TaskScoresStep
 from tango_fairscale.model.causal_lm import ModelWrapper
@@ -84,7 +85,7 @@ def ours(model: ModelWrapper, task: str, yaml_dir: Path, num_fewshot: int, limit
         num_fewshot=num_fewshot,
         limit=limit,
     )
-    return TaskScoresStep().run(model=model, task=spec, batch_size=16)
+    return scores_with_stored_requests(model, spec, batch_size=16)  # as the configs score
 
 
 def assert_same(task: str, expected: dict, got: dict) -> None:

@@ -2,9 +2,11 @@
 
 For nine task formats (piqa, arc_easy, hellaswag, winogrande, openbookqa, sciq, boolq, copa,
 mmlu_anatomy) on the local fixtures in each task's real schema (``tests/fixtures/tasks``), zero-
-and two-shot, ``tango_fairscale::task_scores`` and ``lm_eval.simple_evaluate(model="hf")`` on the
-same seeded tiny models get the same requests, log-likelihoods within 1e-4, the same greedy
-flags, per-document metric values and aggregated metrics (stderr included). HFLM runs with
+and two-shot, ``tango_fairscale::task_scores`` (given its requests by ``task_requests``, stored
+and read back, as the configs run it; building them itself where it says so) and
+``lm_eval.simple_evaluate(model="hf")`` on the same seeded tiny models get the same requests,
+log-likelihoods within 1e-4, the same greedy flags, per-document metric values and aggregated
+metrics (stderr included). HFLM runs with
 ``logits_cache=False``: with its one-token cache on, it scores the shorter of two requests that
 share ``context + continuation[:-1]`` on the wrong positions (fixture winogrande 4 and 5 —
 shown below). A ``loglikelihood`` task whose continuations are the model's own greedy tokens and
@@ -25,6 +27,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import REPO_ROOT, lm_eval_as_released
+from helpers.requests import scores_with_stored_requests
 from helpers.steep import STEEP, exact_log_likelihood, random_queries, token_log_probs
 
 from tango_fairscale.evaluation.scoring import score_queries
@@ -95,6 +98,13 @@ def reference(model_dir: Path, configs: list[dict], num_fewshot: int, **options:
 
 
 def ours(model: ModelWrapper, spec: TaskSpec) -> dict:
+    """As the configs score: the requests built by a ``task_requests`` step, stored and read
+    back, then scored by ``task_scores``."""
+    return scores_with_stored_requests(model, spec, batch_size=16, max_batch_tokens=2048)
+
+
+def ours_in_step(model: ModelWrapper, spec: TaskSpec) -> dict:
+    """``task_scores`` building the requests itself (no ``requests``)."""
     return TaskScoresStep().run(model=model, task=spec, batch_size=16, max_batch_tokens=2048)
 
 
@@ -158,7 +168,7 @@ def test_hflm_one_token_cache_scores_winogrande_collisions_elsewhere(gpt2_dir: P
     request that shares ``context + continuation[:-1]`` with a longer one is not its own."""
     cached = reference(gpt2_dir, [task_config("winogrande")], 0, logits_cache=True)
     exact = reference(gpt2_dir, [task_config("winogrande")], 0)
-    ours_result = ours(ModelWrapper(str(gpt2_dir)), fixture_spec("winogrande", 0))
+    ours_result = ours_in_step(ModelWrapper(str(gpt2_dir)), fixture_spec("winogrande", 0))
     scores = {
         s["doc_id"]: [r[0][0] for r in s["resps"]] for s in ours_result["samples"]["winogrande"]
     }
@@ -230,6 +240,7 @@ def test_loglikelihood_and_rolling_tasks_equal_lm_eval(gpt2_dir: Path, tmp_path:
     assert_same("greedy_probe", expected, got)
     flags = [s["resps"][0][0][1] for s in got["samples"]["greedy_probe"]]
     assert flags == [True, False, True, False, True]
+    assert_same("greedy_probe", expected, ours_in_step(model, TaskSpec(config=greedy)))
     got = ours(model, TaskSpec(config=rolling))
     want = [s["resps"][0][0] for s in expected["samples"]["rolling_probe"]]
     have = [s["resps"][0][0] for s in got["samples"]["rolling_probe"]]

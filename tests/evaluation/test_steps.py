@@ -1,7 +1,9 @@
 """The scoring step's ``pack_sequences``: ``null`` (the configs' and the step's default) packs
 where the model takes packed batches and pads elsewhere; ``true`` on a model that does not is
 refused in one line. Bloom (its ALiBi is built from a 2-D mask) is scored padded, like its own
-forward, instead of failing with ``ValueError: too many values to unpack``."""
+forward, instead of failing with ``ValueError: too many values to unpack``. Its ``requests``
+(a ``task_requests`` step): two models scored on one task in one workspace build the requests
+once, and score as if each had built them."""
 
 from __future__ import annotations
 
@@ -57,3 +59,52 @@ def test_packing_is_automatic_where_the_model_takes_it(tiny_model_dir: Path) -> 
     automatic = request_scores(step.run(model=model, task=task))
     packed = request_scores(step.run(model=model, task=task, pack_sequences=True))
     assert automatic == packed
+
+
+def test_a_second_model_on_the_same_task_builds_no_request(
+    tmp_path: Path, tiny_model_dir: Path, tokenizer_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two models scored on one task in one workspace: the ``task_requests`` step runs once (the
+    second scoring finds it in the cache), lm-eval builds no request in either scoring, and each
+    model's results equal ``task_scores`` building the requests itself."""
+    from conftest import save_tiny_gpt2
+    from lm_eval.api.task import ConfigurableTask
+    from tango.workspaces import LocalWorkspace
+
+    from tango_fairscale.tasks.requests import TaskRequestsStep
+
+    workspace = LocalWorkspace(tmp_path / "workspace")
+    other_dir = save_tiny_gpt2(tmp_path / "other", tokenizer_dir, seed=2)
+    task = TaskSpec(name="piqa", data_dir=str(PIQA_FIXTURE), num_fewshot=1, limit=6)
+    requests = TaskRequestsStep(task=task)
+    models = [ModelWrapper(str(directory)) for directory in (tiny_model_dir, other_dir)]
+    steps = [TaskScoresStep(model=m, task=task, requests=requests) for m in models]
+    assert len({step.unique_id for step in steps}) == 2
+    expected = [TaskScoresStep().run(model=model, task=task) for model in models]
+
+    contexts: list[int] = []
+    fewshot_context = ConfigurableTask.fewshot_context
+
+    def counted(self: object, *args: object, **kwargs: object) -> object:
+        contexts.append(1)
+        return fewshot_context(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ConfigurableTask, "fewshot_context", counted)
+    started: list[str] = []
+    run = TaskRequestsStep.run
+
+    def run_counted(self: TaskRequestsStep, **kwargs: object) -> dict:
+        started.append(self.unique_id)
+        return run(self, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(TaskRequestsStep, "run", run_counted)
+    runs = []
+    for step in steps:
+        before = len(contexts)
+        result = step.result(workspace)
+        runs.append(len(contexts) - before)
+        assert result["samples"] == expected[len(runs) - 1]["samples"]
+        assert result["results"] == expected[len(runs) - 1]["results"]
+    assert runs == [6, 0]  # the requests step built 6 contexts, with the first model only
+    assert started == [requests.unique_id]  # the requests step ran once, for the first model
+    assert workspace.step_info(requests).state.value == "completed"

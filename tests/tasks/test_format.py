@@ -1,9 +1,11 @@
-"""``DatasetDictFormat``: a data step's ``DatasetDict`` stored as JSON, read back as data only.
+"""``DatasetDictFormat``: a data step's ``DatasetDict`` stored as JSON, read back as data only;
+``RequestsFormat`` (a ``task_requests`` result) likewise.
 
 * strings kept exactly (unicode, trailing and double spaces), labels, metadata;
 * the PIQA step stores its result in it: one JSON file in the workspace, no pickle;
 * a stored file naming a class or module (as Tango's ``JsonFormat`` would rebuild) is read as
-  plain data: nothing is imported; a file of another shape is refused in one line.
+  plain data: nothing is imported; a file of another shape is refused in one line (both
+  formats).
 """
 
 from __future__ import annotations
@@ -17,7 +19,12 @@ from conftest import make_piqa_dir
 from tango.common.dataset_dict import DatasetDict
 from tango.workspaces import LocalWorkspace
 
-from tango_fairscale.tasks.format import DATA_FILE, DatasetDictFormat
+from tango_fairscale.tasks.format import (
+    DATA_FILE,
+    REQUESTS_FILE,
+    DatasetDictFormat,
+    RequestsFormat,
+)
 from tango_fairscale.tasks.piqa import PiqaDataStep
 
 EXAMPLES = [
@@ -76,3 +83,29 @@ def test_another_shape_is_refused_in_one_line(tmp_path: Path, content: str) -> N
         DatasetDictFormat().read(tmp_path)
     message = str(error.value)
     assert "\n" not in message and str(tmp_path / DATA_FILE) in message, message
+
+
+def test_stored_requests_are_read_as_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    modules = tmp_path / "modules"
+    modules.mkdir()
+    marker = tmp_path / "imported"
+    (modules / "planted_requests.py").write_text(
+        f"open({str(marker)!r}, 'w').close()\nclass Boom:\n    def __init__(self, **kw): pass\n"
+    )
+    monkeypatch.syspath_prepend(str(modules))
+    planted = {"_dataclass": ["planted_requests", "Boom"]}
+    stored = {"format": 1, "tasks": {"t": planted}, "spec": {"context": "Café  ✓ \n"}}
+    RequestsFormat().write(stored, tmp_path)
+    assert RequestsFormat().read(tmp_path) == stored
+    assert not marker.exists() and "planted_requests" not in sys.modules
+
+
+@pytest.mark.parametrize("content", ["[1, 2]", '{"tasks": {}}', "{not json", "\udcff"])
+def test_stored_requests_of_another_shape_are_refused_in_one_line(
+    tmp_path: Path, content: str
+) -> None:
+    (tmp_path / REQUESTS_FILE).write_bytes(content.encode("utf-8", "surrogateescape"))
+    with pytest.raises(ValueError) as error:
+        RequestsFormat().read(tmp_path)
+    message = str(error.value)
+    assert "\n" not in message and str(tmp_path / REQUESTS_FILE) in message, message

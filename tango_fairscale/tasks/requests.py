@@ -1,0 +1,326 @@
+"""A task's lm-eval requests built once, without a model: every document's requests (contexts,
+continuations or generation settings) as JSON, and put back into lm-eval's own task objects so
+that its evaluator scores them as if it had built them itself."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from tango import Step
+from tango.common.exceptions import ConfigurationError
+
+from .. import compat  # noqa: F401  (Tango fixes)
+from ..checks import one_line
+from ..records.fingerprint import local_fingerprint
+from .format import RequestsFormat
+from .lm_eval import TaskDict, TaskSpec, load_tasks
+
+logger = logging.getLogger(__name__)
+
+#: The layout of a stored requests result (``format`` key); another one is refused.
+REQUESTS_FORMAT = 1
+
+
+@Step.register("tango_fairscale::task_requests")
+class TaskRequestsStep(Step[dict]):
+    """lm-eval's requests of one task (or group), built once for every model scored on it.
+
+    Registered as a Tango ``Step`` under the name ``"tango_fairscale::task_requests"``.
+
+    :param task: a :class:`~tango_fairscale.tasks.lm_eval.TaskSpec` (a name is enough).
+
+    Returns :func:`build_requests`'s JSON (stored by
+    :class:`~tango_fairscale.tasks.format.RequestsFormat`: read back as data only), for
+    ``tango_fairscale::task_scores``'s ``requests``. Its cache key is everything it reads: the
+    task spec (every field — name, YAML or config, ``num_fewshot``, ``fewshot_seed``,
+    ``limit``, ``system_instruction``, ... — and the fingerprint of its local files: data
+    directory, YAMLs, ``!function`` modules, a ``dataset`` step's own key) and lm-eval's
+    version (its task definitions and prompt code). A task's hub dataset is keyed by name, as
+    ``task_scores`` keys it: a cached result whose documents no longer match the data is
+    rebuilt by ``task_scores`` (:func:`use_requests`). Chat-templated tasks are refused.
+
+    Example (Jsonnet)::
+
+        requests_arc: {type: "tango_fairscale::task_requests",
+                       task: {name: "arc_easy", num_fewshot: 2}},
+        arc_easy: {type: "tango_fairscale::task_scores", model: {ref: "trained_model"},
+                   task: {name: "arc_easy", num_fewshot: 2}, requests: {ref: "requests_arc"}}
+    """
+
+    VERSION = "001"
+    DETERMINISTIC = True
+    CACHEABLE = True
+    FORMAT = RequestsFormat()
+
+    @property
+    def unique_id(self) -> str:
+        """Tango's unique id, with lm-eval's version hashed beside the task spec."""
+        if self.unique_id_cache is not None:
+            return self.unique_id_cache
+        kwargs = self.kwargs
+        self.kwargs = {**kwargs, "lm_eval_version": lm_eval_version()}
+        try:
+            return super().unique_id
+        finally:
+            self.kwargs = kwargs
+
+    def run(self, task: TaskSpec) -> dict:  # type: ignore[override]
+        return build_requests(task)
+
+
+def lm_eval_version() -> str:
+    """The installed lm-eval's version (its package metadata: lm-eval is not imported)."""
+    from importlib.metadata import version
+
+    return version("lm_eval")
+
+
+def fewshot_refusal(spec: TaskSpec, error: BaseException) -> ConfigurationError | None:
+    """The one-line refusal of lm-eval's error while it built ``spec``'s requests, when it is
+    the few-shot split being too small for ``num_fewshot`` (else ``None``)."""
+    message = one_line(error)
+    if "Sample larger than population" in message or "fewshot samples" in message:
+        return ConfigurationError(
+            f"task {spec.label!r}: num_fewshot {spec.num_fewshot} needs more documents than "
+            f"its few-shot split holds ({message}); lower num_fewshot"
+        )
+    return None
+
+
+def build_requests(spec: TaskSpec, loaded: TaskDict | None = None) -> dict[str, Any]:
+    """Every request lm-eval's ``evaluate`` would send a model for ``spec`` (on one process,
+    seeded as :func:`~tango_fairscale.evaluation.harness.evaluate_task` seeds it), JSON-safe::
+
+        {"format": 1, "label": "piqa", "spec": {"num_fewshot": 0, ...},
+         "tasks": {"piqa": {"task_name": "piqa", "limit": 8,
+             "fewshot_hash": null, "documents": [
+             {"doc_id": 0, "doc_hash": "<lm-eval's hash of the document>", "requests": [
+                 {"request_type": "loglikelihood", "arguments": ["Question: ...", " answer"],
+                  "tuple": true, "idx": 0, "repeats": 1}, ...]}, ...]}}}
+
+    ``arguments`` are lm-eval's ``Instance.arguments`` (``(context, continuation)``,
+    ``(context, gen_kwargs)``, ``(text,)``) with tuples as lists; ``tuple`` says whether they
+    were one; ``fewshot_hash`` is :func:`fewshot_hash`'s (with ``doc_hash``, what
+    :func:`use_requests` checks the data by). Nothing depends on a model or tokenizer, so a
+    task's chat-templated prompts (``apply_chat_template``: the tokenizer's template builds
+    them) are refused."""
+    from lm_eval.evaluator_utils import get_sample_size
+
+    if spec.apply_chat_template:
+        raise ConfigurationError(
+            f"task {spec.label!r}: its chat-templated prompts depend on the model's tokenizer; "
+            "give task_scores no requests (it builds them itself) for apply_chat_template"
+        )
+    loaded = load_tasks(spec) if loaded is None else loaded
+    tasks = {}
+    for name, task in loaded["tasks"].items():
+        task.set_fewshot_seed(seed=spec.fewshot_seed)  # as evaluate_task does
+        limit = get_sample_size(task, spec.limit)
+        try:
+            task.build_all_requests(
+                limit=limit, rank=0, world_size=1, system_instruction=spec.system_instruction
+            )
+        except (ValueError, AssertionError) as error:
+            refusal = fewshot_refusal(spec, error)
+            if refusal is not None:
+                raise refusal from None
+            raise
+        tasks[name] = _stored_task(name, task, limit)
+    return {"format": REQUESTS_FORMAT, "label": spec.label, "spec": spec_fields(spec)} | {
+        "tasks": tasks
+    }
+
+
+def spec_fields(spec: TaskSpec) -> dict[str, Any]:
+    """What a requests result records of the spec it was built for: every field but
+    ``dataset`` (whose documents the requests' document hashes stand for), and the fingerprint of
+    the local files it reads."""
+    fields = {
+        field.name: _plain(getattr(spec, field.name))
+        for field in dataclasses.fields(spec)
+        if field.name != "dataset"
+    }
+    return fields | {"local_files": local_fingerprint(spec.local_files())}
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON reads it back (tuples as lists, other objects as their ``repr``)."""
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    if isinstance(value, Mapping):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return repr(value)
+
+
+def _stored_task(name: str, task: Any, limit: int | None) -> dict[str, Any]:
+    documents: dict[int, dict[str, Any]] = {}
+    task_names = set()
+    for instance in task.instances:
+        task_names.add(instance.task_name)
+        document = documents.setdefault(
+            instance.doc_id,
+            {"doc_id": instance.doc_id, "doc_hash": doc_hash(instance.doc), "requests": []},
+        )
+        arguments = instance.arguments
+        document["requests"].append(
+            {
+                "request_type": instance.request_type,
+                "arguments": _json_value(arguments, name),
+                "tuple": isinstance(arguments, tuple),
+                "idx": instance.idx,
+                "repeats": instance.repeats,
+            }
+        )
+    (task_name,) = task_names or {name}
+    return {
+        "task_name": task_name,
+        "limit": limit,
+        "fewshot_hash": fewshot_hash(task),
+        "documents": list(documents.values()),
+    }
+
+
+def fewshot_hash(task: Any) -> str | None:
+    """lm-eval's hash of the documents ``task`` draws its few-shot examples from (``None``
+    without few-shot examples)."""
+    sampler = getattr(task, "sampler", None)
+    if not task.get_config("num_fewshot") or sampler is None:
+        return None
+    return doc_hash(list(sampler.df))
+
+
+def doc_hash(doc: Any) -> str:
+    """lm-eval's own hash of a document (its logged samples' ``doc_hash``)."""
+    from lm_eval.utils import handle_non_serializable, hash_string
+
+    text = json.dumps(doc, indent=2, default=handle_non_serializable, ensure_ascii=False)
+    return str(hash_string(text))
+
+
+def _json_value(value: Any, task: str) -> Any:
+    """``value`` as JSON holds it (tuples as lists); refused when JSON cannot hold it."""
+    if isinstance(value, (list, tuple)):
+        return [_json_value(item, task) for item in value]
+    if isinstance(value, Mapping) and all(isinstance(key, str) for key in value):
+        return {key: _json_value(item, task) for key, item in value.items()}
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    raise ConfigurationError(
+        f"task {task!r}: a request argument of type {type(value).__name__} cannot be stored as "
+        "JSON; give task_scores no requests (it builds them itself)"
+    )
+
+
+# --- restoring --------------------------------------------------------------------------------
+
+
+def check_requests(spec: TaskSpec, requests: Mapping[str, Any], loaded: TaskDict) -> None:
+    """Refuse in one line a requests result built for another task configuration than
+    ``spec`` (:func:`spec_fields`: every field but ``dataset``, the local files' fingerprint;
+    its label and tasks), naming the fields that differ."""
+    if not isinstance(requests, Mapping) or requests.get("format") != REQUESTS_FORMAT:
+        raise ConfigurationError(
+            f"task {spec.label!r}: requests must be a tango_fairscale::task_requests result "
+            f"(format {REQUESTS_FORMAT})"
+        )
+    built = {"label": requests.get("label"), "tasks": sorted(requests.get("tasks", {}))}
+    built |= requests.get("spec") or {}
+    wanted = {"label": spec.label, "tasks": sorted(loaded["tasks"])} | spec_fields(spec)
+    defaults = {field.name: _plain(field.default) for field in dataclasses.fields(spec)}
+    differ = [
+        key
+        for key in wanted
+        if built.get(key, defaults.get(key, None)) != wanted[key]  # a later field: its default
+    ]
+    if differ:
+        shown = ", ".join(f"{key} {built.get(key)!r} (not {wanted[key]!r})" for key in differ)
+        raise ConfigurationError(
+            f"task {spec.label!r}: its requests were built for another task configuration: "
+            f"{one_line(shown, 300)}; give task_scores the task_requests step of the same task"
+        )
+
+
+def use_requests(loaded: TaskDict, requests: Mapping[str, Any]) -> None:
+    """Make each task of ``loaded`` take its stored requests when lm-eval's ``evaluate`` asks it
+    to build them: the same ``Instance`` s (type, arguments, ``idx``, metadata) over the task's
+    own documents. Where lm-eval asks for something else than they were built for (another
+    limit, a process's share, chosen samples, a chat template) or a document's hash or the
+    few-shot documents' hash differs from the stored one (the data changed under a cached
+    result: a hub dataset, keyed by name), the task builds its requests itself, with a warning
+    for changed documents."""
+    for name, task in loaded["tasks"].items():
+        stored = requests["tasks"][name]
+        build = task.build_all_requests
+
+        def build_all_requests(
+            *args: Any, _task: Any = task, _stored: Any = stored, _build: Any = build, **kw: Any
+        ) -> None:
+            instances = _restored(_task, _stored, kw) if not args else None
+            if instances is None:
+                _build(*args, **kw)
+            else:
+                _task._instances = instances
+
+        task.build_all_requests = build_all_requests
+
+
+def _restored(task: Any, stored: Mapping[str, Any], kwargs: Mapping[str, Any]) -> list | None:
+    """The stored requests as lm-eval's ``Instance`` s over ``task``'s documents, or ``None``
+    where they do not apply (see :func:`use_requests`)."""
+    from lm_eval.api.instance import Instance
+
+    if (
+        kwargs.get("limit") != stored["limit"]
+        or kwargs.get("rank", 0) != 0
+        or kwargs.get("world_size", 1) != 1
+        or kwargs.get("samples") is not None
+        or kwargs.get("apply_chat_template")
+    ):
+        return None
+    if fewshot_hash(task) != stored["fewshot_hash"]:
+        logger.warning(
+            "task %r: its few-shot documents are not those its stored requests were built from "
+            "(the data changed since): building its requests again",
+            stored["task_name"],
+        )
+        return None
+    documents = dict(task.doc_iterator(rank=0, limit=stored["limit"], world_size=1))
+    if sorted(documents) != sorted(document["doc_id"] for document in stored["documents"]):
+        logger.warning(
+            "task %r: %d documents, its stored requests were built for %d (the data changed "
+            "since): building its requests again",
+            stored["task_name"],
+            len(documents),
+            len(stored["documents"]),
+        )
+        return None
+    instances = []
+    for document in stored["documents"]:
+        doc_id = document["doc_id"]
+        if doc_hash(documents[doc_id]) != document["doc_hash"]:
+            logger.warning(
+                "task %r: document %s is not the one its stored requests were built from (the "
+                "data changed since): building its requests again",
+                stored["task_name"],
+                doc_id,
+            )
+            return None
+        doc = documents[doc_id]
+        for request in document["requests"]:
+            arguments = request["arguments"]
+            instances.append(
+                Instance(
+                    request_type=request["request_type"],
+                    doc=doc,
+                    arguments=tuple(arguments) if request["tuple"] else arguments,
+                    idx=request["idx"],
+                    metadata=(stored["task_name"], doc_id, request["repeats"]),
+                )
+            )
+    return instances
