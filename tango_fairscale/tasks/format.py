@@ -40,14 +40,7 @@ class DatasetDictFormat(Format[DatasetDict]):
 
     def read(self, dir: PathOrStr) -> DatasetDict:
         path = Path(dir) / DATA_FILE
-        try:
-            with path.open(encoding="utf-8") as file:
-                stored: Any = json.load(file)
-        except (UnicodeDecodeError, json.JSONDecodeError) as error:
-            reason = f"{type(error).__name__}: {error}"
-            raise ValueError(
-                f"{path} is not JSON ({reason}); delete {dir} to compute the step again"
-            ) from None
+        stored = _read_json(dir, DATA_FILE)
         splits = stored.get("splits") if isinstance(stored, dict) else None
         metadata = stored.get("metadata") if isinstance(stored, dict) else None
         if (
@@ -81,17 +74,24 @@ class RequestsFormat(Format[dict]):
 
     def read(self, dir: PathOrStr) -> dict:
         path = Path(dir) / REQUESTS_FILE
-        try:
-            with path.open(encoding="utf-8") as file:
-                stored: Any = json.load(file)
-        except (UnicodeDecodeError, json.JSONDecodeError) as error:
-            reason = f"{type(error).__name__}: {error}"
-            raise ValueError(
-                f"{path} is not JSON ({reason}); delete {dir} to compute the step again"
-            ) from None
+        stored = _read_json(dir, REQUESTS_FILE)
         if not isinstance(stored, dict) or "format" not in stored:
             raise ValueError(
                 f"{path} is not a stored task_requests result; delete {dir} to compute the step "
                 "again"
             )
         return stored
+
+
+def _read_json(dir: PathOrStr, name: str) -> Any:
+    """The JSON value of ``dir/name``, as plain data; a file that is not JSON raises a one-line
+    ``ValueError`` naming it."""
+    path = Path(dir) / name
+    try:
+        with path.open(encoding="utf-8") as file:
+            return json.load(file)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        reason = f"{type(error).__name__}: {error}"
+        raise ValueError(
+            f"{path} is not JSON ({reason}); delete {dir} to compute the step again"
+        ) from None
