@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,13 +37,17 @@ class RunInfo:
             body = {}
         if not isinstance(body, dict):
             body = {}
-        return cls(**{field.name: _typed(field, body.get(field.name)) for field in _FIELDS})
+        hints = typing.get_type_hints(cls)
+        return cls(
+            **{
+                field.name: _typed(body.get(field.name), hints[field.name])
+                for field in dataclasses.fields(cls)
+            }
+        )
 
 
-_FIELDS = dataclasses.fields(RunInfo)
-
-
-def _typed(field: dataclasses.Field, value: Any) -> Any:
-    wanted = int if "int" in str(field.type) else str
+def _typed(value: Any, hint: Any) -> Any:
+    """``value`` if it is of the type ``hint`` (``X | None``) allows, else ``None``."""
+    (wanted,) = (kind for kind in typing.get_args(hint) if kind is not type(None))
     ok = isinstance(value, wanted) and not isinstance(value, bool)
     return value if ok else None
