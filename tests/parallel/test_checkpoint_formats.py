@@ -15,7 +15,7 @@ from tango.common.exceptions import ConfigurationError
 from tango.integrations.torch import Model, TrainConfig, TrainingEngine
 
 from tango_fairscale.parallel.checkpoint_format import CheckpointFormat
-from tango_fairscale.parallel.consolidate import full_state_dict
+from tango_fairscale.parallel.consolidate import FORMATS, full_state_dict
 from tango_fairscale.parallel.ddp import DDPEngine
 from tango_fairscale.parallel.distributed_checkpoint import DistributedCheckpoint
 from tango_fairscale.parallel.rank_files import RankFiles
@@ -30,7 +30,6 @@ from tango_fairscale.records.checkpoints import (
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
 IDENTITY = Identity("run-a", 5, 1)
-FORMATS = {"rank-files": RankFiles, "torch-dcp": DistributedCheckpoint}
 
 
 def ddp_engine(work_dir: Path, model_dir: Path) -> DDPEngine:

@@ -14,8 +14,7 @@ import pytest
 import torch
 from tango.common.exceptions import ConfigurationError
 
-from tango_fairscale.parallel.consolidate import full_state_dict
-from tango_fairscale.parallel.distributed_checkpoint import DistributedCheckpoint
+from tango_fairscale.parallel.consolidate import FORMATS, full_state_dict
 from tango_fairscale.parallel.model_only import model_only_checkpoint
 from tango_fairscale.parallel.rank_files import RankFiles
 from tango_fairscale.parallel.safe_load import read_dcp_metadata
@@ -30,7 +29,6 @@ from tango_fairscale.records.checkpoints import (
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
 IDENTITY = Identity("run-a", 5, 1)
-FORMATS = {"rank-files": RankFiles, "torch-dcp": DistributedCheckpoint}
 
 
 @pytest.fixture
