@@ -19,6 +19,7 @@
 # Suites (name | GPUs | nominal seconds | the figure it produces); `gpu.sh --list` and
 # benchmarks/index.py read these lines:
 #@ main-job | 1 | 330 | the README's main job as a user runs it (random 124M, official PIQA): every default, then engine=ddp precision=32-true; wall time, time split, GPU busy share, step time
+#@ profile-main-job | 1 | 300 | where the main job's host time goes: the command (300 steps) under cProfile, then the default and DDP fp32 steps under torch.profiler
 #@ tests | 1 | 120 | GPU-only tests pass (compiled loss, packed batches on a GPU, fp16 overflow in every engine)
 #@ e2e | 1 | 330 | the whole flow: tango run configs/gpt2_piqa.jsonnet with every engine on the visible GPUs (pipe on a Llama shape), and a command's fixed cost
 #@ train-synthetic-124m | 1 | 240 | MFU >= 30 % at GPT-2 124M; sharded engines >= 1.3x ddp bf16 autocast (124M)
@@ -106,6 +107,23 @@ suite_main_job() {  # main_job.json (+ each command's timestamped output): the t
   step "$BUDGET" "$PY" benchmarks/main_job.py "${TINY[@]}" --piqa "$PIQA" --tokenizer "$TOK" \
     --train-steps "$steps" --timeout-s $(( BUDGET / 2 - 5 )) --out "$DIR/main_job.json"
   [ "$DRY_RUN" = 1 ] || grep '^{' "$DIR/log.txt" | tee -a "$LOG"
+}
+
+suite_profile_main_job() {  # profile.txt: each process of the command under cProfile (profile_hook/)
+  local steps=300
+  [ ${#TINY[@]} -gt 0 ] && steps=20
+  step $(( BUDGET * 3 / 5 )) env BENCH_CPROFILE_DIR="$DIR/prof" \
+    PYTHONPATH="$PWD/benchmarks/profile_hook:${PYTHONPATH:-}" "$PY" benchmarks/main_job.py \
+    "${TINY[@]}" --piqa "$PIQA" --tokenizer "$TOK" --train-steps "$steps" --variants default \
+    --timeout-s $(( BUDGET * 3 / 5 - 10 )) --out "$DIR/main_job_profiled.json"
+  [ "$DRY_RUN" = 1 ] && return 0
+  "$PY" benchmarks/profile_summary.py "$DIR/prof" --rows 70 >"$DIR/profile.txt" 2>&1
+  rm -rf "$DIR/prof"
+  train_speed $(( BUDGET * 2 / 5 - 5 )) --data piqa --piqa "$PIQA" --world-size 1 \
+    --batch-size 16 --warmup 8 --steps 20 --profile-steps 3 --cprofile-steps 3 \
+    --plan 124m:ddp-fp32-packed,fairscale-bf16-fused-packed \
+    --compare-to ddp-fp32-packed --target '' --config-timeout 60 \
+    --out "$DIR/train_speed_piqa_profiled_default.json"
 }
 
 suite_tests() {

@@ -1,0 +1,20 @@
+"""Benchmarks only: with ``BENCH_CPROFILE_DIR`` set, every Python process started with this folder
+on ``PYTHONPATH`` (the user's command and the training workers it spawns) runs under ``cProfile``
+and writes ``DIR/<pid>.prof`` when it exits; ``benchmarks/profile_summary.py DIR`` reads them."""
+
+import os
+
+_PROFILE_DIR = os.environ.get("BENCH_CPROFILE_DIR")
+if _PROFILE_DIR:
+    import atexit
+    import cProfile
+
+    _profiler = cProfile.Profile()
+    _profiler.enable()
+
+    def _write_profile() -> None:
+        _profiler.disable()
+        os.makedirs(_PROFILE_DIR, exist_ok=True)
+        _profiler.dump_stats(os.path.join(_PROFILE_DIR, f"{os.getpid()}.prof"))
+
+    atexit.register(_write_profile)
