@@ -12,9 +12,9 @@ if _PROFILE_DIR:
     _profiler = cProfile.Profile()
     _profiler.enable()
 
-    def _write_profile() -> None:
+    def _write_profile(folder: str = _PROFILE_DIR) -> None:
         _profiler.disable()
-        os.makedirs(_PROFILE_DIR, exist_ok=True)
-        _profiler.dump_stats(os.path.join(_PROFILE_DIR, f"{os.getpid()}.prof"))
+        os.makedirs(folder, exist_ok=True)
+        _profiler.dump_stats(os.path.join(folder, f"{os.getpid()}.prof"))
 
     atexit.register(_write_profile)

@@ -161,7 +161,8 @@ def clip_grad_norm_(model: Any, max_norm: float) -> Any:
 
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     squares = torch.stack([g.detach().float().pow(2).sum() for g in grads]).sum()
-    dist.all_reduce(squares)
+    if dist.get_world_size() > 1:  # alone, NCCL's communicator is never started
+        dist.all_reduce(squares)
     total_norm = squares.sqrt()
     scale = (max_norm / (total_norm + 1e-6)).clamp(max=1.0)
     for grad in grads:

@@ -19,7 +19,7 @@ from tango.common.exceptions import ConfigurationError
 from ..checks import positive_int
 from ..model.causal_lm import ModelWrapper, move_batch
 from ..model.decoding import new_cache
-from ..runtime.process_group import rank_and_world_size
+from ..runtime.process_group import alone
 from ..tasks.generation import DEFAULT_MAX_GEN_TOKS
 
 #: lm-eval's default seed of torch's generator (``simple_evaluate``'s ``torch_random_seed``).
@@ -104,7 +104,7 @@ class ModelCall:
     def idle(self) -> None:
         """One forward whose result is dropped, for a rank that has run out of work while others
         have not (nothing without a process group)."""
-        if rank_and_world_size()[1] == 1:
+        if alone():
             return
         pad = self.model.pad_token_id
         self(
@@ -119,17 +119,8 @@ class ModelCall:
 
 def agree_max(value: int, device: torch.device) -> int:
     """The largest ``value`` of all ranks (``value`` without a process group)."""
-    if rank_and_world_size()[1] == 1:
+    if alone():
         return value
     agreed = torch.tensor([value], device=device)
     dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
     return int(agreed.item())
-
-
-def gather_objects(value: Any) -> list[Any]:
-    """Every rank's ``value`` (picklable), by rank (``[value]`` without a process group)."""
-    if rank_and_world_size()[1] == 1:
-        return [value]
-    gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, value)
-    return gathered

@@ -18,9 +18,9 @@ from tango.common.exceptions import ConfigurationError
 
 from ..data.prompts import StopSequences, answer_text, eos_text, prompt_tokens
 from ..model.decoding import cache_bytes_per_token, check_generation_config, eos_token_ids
-from ..runtime.process_group import rank_and_world_size
+from ..runtime.process_group import all_gather_objects, rank_and_world_size
 from ..tasks.generation import SAMPLING_KEYS, Decoding, check_window, decoding_of
-from .call import EvalOptions, GenerationSettings, ModelCall, agree_max, gather_objects
+from .call import EvalOptions, GenerationSettings, ModelCall, agree_max
 from .decoder import Row, decode_batch
 
 logger = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ def generate_on_all_ranks(
     batches = my_batches(call, requests, decodings, options, settings)
     started = time.perf_counter()
     answers, generated = _decode_all(call, batches, decodings, options)
-    parts = gather_objects((answers, generated))
+    parts = all_gather_objects((answers, generated))
     _log_rate(len(requests), sum(count for _, count in parts), time.perf_counter() - started)
     merged = {index: text for part, _ in parts for index, text in part.items()}
     return [merged[index] for index in range(len(requests))]

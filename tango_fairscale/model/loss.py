@@ -317,8 +317,10 @@ def _chunk_cross_entropy(
 
 @functools.cache
 def _compiled_chunk_cross_entropy() -> Any:
-    """:func:`_chunk_cross_entropy` under ``torch.compile`` (``TORCH_COMPILE_DISABLE=1``: eager)."""
-    return torch.compile(_chunk_cross_entropy)
+    """:func:`_chunk_cross_entropy` under ``torch.compile`` (``TORCH_COMPILE_DISABLE=1``: eager),
+    for any number of rows from the first call: the rows of a step vary (packed batches), and a
+    graph specialised to the first step's count would be compiled again at the second."""
+    return torch.compile(_chunk_cross_entropy, dynamic=True)
 
 
 #: The vocabulary projection's output width is padded to a multiple of this: GPT-2's 50,257 rows

@@ -91,8 +91,15 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def alone() -> bool:
+    """Whether this process has no other to agree with (no group, or a group of one). Collectives
+    are skipped then: alone they change nothing, and the first one would start NCCL's
+    communicator (seconds on a GPU, which FairScale alone never needs)."""
+    return rank_and_world_size()[1] == 1
+
+
 def barrier() -> None:
-    if dist.is_initialized():
+    if not alone():
         dist.barrier()
 
 
@@ -106,7 +113,7 @@ def rank_and_world_size() -> tuple[int, int]:
 def all_gather_objects(value: Any) -> list[Any]:
     """``value`` of every rank, in rank order (``[value]`` without a process group); picklable
     values only. Call on every rank."""
-    if not (dist.is_available() and dist.is_initialized()):
+    if alone():
         return [value]
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, value)

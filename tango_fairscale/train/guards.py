@@ -9,6 +9,8 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from ..runtime.process_group import alone
+
 
 class NonFiniteLossError(RuntimeError):
     """Training produced non-finite losses for longer than the engine tolerates."""
@@ -62,7 +64,7 @@ class NonFiniteGuard:
 
 def any_rank(flag: bool, device: torch.device) -> bool:
     """Whether ``flag`` is true on any rank (one all-reduce; call on every rank)."""
-    if not dist.is_initialized():
+    if alone():
         return flag
     value = torch.tensor([int(flag)], device=device)
     dist.all_reduce(value, op=dist.ReduceOp.MAX)

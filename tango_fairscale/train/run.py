@@ -26,7 +26,7 @@ from ..records.checkpoints import run_id
 from ..records.run_info import RunInfo
 from ..records.training_log import TrainingLog
 from ..records.work_dir import FINAL_WEIGHTS, RUN_INFO, TRAINING_LOG
-from ..runtime.process_group import barrier
+from ..runtime.process_group import alone, barrier
 from ..runtime.signals import Preemption
 from ..tasks.lm_eval import load_tasks
 from .callbacks import Callbacks
@@ -244,7 +244,6 @@ def evaluator(engine: Engine, plan: Any) -> Evaluator:
     """The evaluator of validation: every rank answering its share through the engine."""
     options = EvalOptions(
         batch_size=plan.eval_batch_size,
-        max_batch_tokens=None,
         packed=bool(plan.pack_sequences),
         progress=plan.config.is_local_main_process,
     )
@@ -291,7 +290,7 @@ def _every(step: int, interval: int | None) -> bool:
 def _reduce_over_ranks(loss: torch.Tensor, tokens: int) -> tuple[float, int]:
     """The loss averaged and the token count summed over the ranks (one all-reduce)."""
     values = torch.stack([loss.detach().double(), loss.new_tensor(tokens, dtype=torch.float64)])
-    if dist.is_initialized():
+    if not alone():
         dist.all_reduce(values)
         values[0] /= dist.get_world_size()
     mean_loss, total = values.tolist()

@@ -16,7 +16,7 @@ from tango.integrations.torch import Model, TrainCallback, TrainingEngine
 from tango.step import StepResources
 
 from .. import compat  # noqa: F401  (Tango fixes)
-from ..evaluation.call import GenerationSettings
+from ..evaluation.call import EvalOptions, GenerationSettings
 from ..model.causal_lm import ModelWrapper
 from ..model.fingerprint import FingerprintedLazy
 from ..parallel.consolidate import full_state_dict
@@ -87,6 +87,8 @@ class TrainStep(Step[ModelWrapper]):
         batch 64: 1.92x in a third of the memory). ``null``: packed where the engine's model
         takes packed batches (``ModelWrapper.supports_packing``; never under the ``pipe``
         engine), else padded; ``true`` is refused where it does not.
+    :param eval_batch_size: queries per validation batch, of at most
+        ``EvalOptions.max_batch_tokens`` (16,384) tokens: the scoring step's batches.
     :param max_gen_toks: for validation tasks that generate text (``generate_until``) and set no
         ``max_gen_toks`` of their own, the most tokens generated (lm-eval's default, 256).
     :param generation_seed: seeds sampling, for validation tasks that sample.
@@ -160,7 +162,7 @@ class TrainStep(Step[ModelWrapper]):
         keep_optimizer_state: bool = False,
         device_count: int = 1,
         log_every: int = 10,
-        eval_batch_size: int = 32,
+        eval_batch_size: int = EvalOptions.batch_size,
         distributed_port: int | None = None,
         preemption_signal: str = "SIGTERM",
         collective_timeout_s: int = 600,
