@@ -12,6 +12,11 @@ same process would find the first one's initialisation done.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import cProfile
+import io
+import pstats
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -87,9 +92,11 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
     pad, width = wrapped.pad_token_id, wrapped.max_length
     batches = [training_batch(queries[i * 16 : (i + 1) * 16], pad, width, True) for i in range(4)]
     clock.lap("tokenize 400 training pairs")
+    first_forward = cProfile.Profile()
     for step, batch in enumerate(batches[:3]):
-        loss, _ = engine.forward_train(batch, 0, 1)
-        clock.lap(f"step {step + 1}: forward")
+        with first_forward if step == 0 else contextlib.nullcontext():
+            loss, _ = engine.forward_train(batch, 0, 1)
+            clock.lap(f"step {step + 1}: forward")
         engine.backward(loss)
         clock.lap(f"step {step + 1}: backward")
         engine.step()
@@ -100,7 +107,23 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
     dist.all_reduce(flag)
     clock.lap("second all_reduce")
     dist.destroy_process_group()
-    return {"engine": args.engine, "precision": args.precision, "seconds": clock.seconds}
+    return {
+        "engine": args.engine,
+        "precision": args.precision,
+        "seconds": clock.seconds,
+        "compiler_imported": "torch._dynamo" in sys.modules,
+        "first_forward_profile": top_functions(first_forward),
+    }
+
+
+def top_functions(profile: cProfile.Profile, rows: int = 25) -> list[str]:
+    """The ``rows`` functions of most own time in ``profile``, then of most cumulative time."""
+    lines = []
+    for order in ("tottime", "cumulative"):
+        out = io.StringIO()
+        pstats.Stats(profile, stream=out).sort_stats(order).print_stats(rows)
+        lines += [line for line in out.getvalue().splitlines() if line.strip()]
+    return lines
 
 
 def main() -> None:

@@ -14,6 +14,11 @@ from ..data.batches import IGNORE_INDEX
 
 #: Rows of logits computed at once (a 4096 × 50257 fp32 chunk is 0.8 GB).
 LOGIT_CHUNK_ROWS = 4096
+#: Training steps of at least this many tokens take the compiled loss on GPUs: its memory-bound
+#: passes over the logits fused into a few kernels (eager, they cost ~10 % of a 124M step of
+#: 64 x 1,024 tokens on an H200). Smaller steps are bound by the host, where the fusion gains
+#: nothing and its first call costs seconds (importing the compiler, starting its workers).
+COMPILED_LOSS_MIN_ROWS = LOGIT_CHUNK_ROWS
 
 
 @dataclass(frozen=True)
@@ -205,10 +210,10 @@ class _ScoredCrossEntropy(torch.autograd.Function):
         grad_hidden = hidden.new_empty(n, width, dtype=torch.float32) if need_hidden else None
         grad_weight = weight.new_zeros(vocab, width, dtype=torch.float32) if need_weight else None
         grad_bias = weight.new_zeros(vocab, dtype=torch.float32) if need_bias else None
-        # Compiled on GPUs (memory-bound passes over the logits fused into a few kernels: eager,
-        # they cost ~10 % of a 124M step on an H200).
         chunk_cross_entropy = (
-            _compiled_chunk_cross_entropy() if device_type == "cuda" else _chunk_cross_entropy
+            _compiled_chunk_cross_entropy()
+            if device_type == "cuda" and n >= COMPILED_LOSS_MIN_ROWS
+            else _chunk_cross_entropy
         )
         with torch.autocast(device_type, enabled=False):
             compute_weight = weight.to(dtype)

@@ -130,11 +130,14 @@ def test_scored_row_nll_under_bf16_autocast_is_close_to_fp32() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled loss runs on GPUs")
 @pytest.mark.parametrize("labels_device", ["cpu", "cuda"])
 @pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("compiled", [True, False])
 def test_scored_row_nll_on_a_gpu_equals_full_logits_cross_entropy(
-    labels_device: str, bias: bool, monkeypatch: pytest.MonkeyPatch
+    labels_device: str, bias: bool, compiled: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """On a GPU the chunk's cross-entropy and gradients run compiled; labels may stay on the CPU."""
+    """On a GPU the chunk's cross-entropy and gradients run compiled from
+    ``COMPILED_LOSS_MIN_ROWS`` tokens, eager below; labels may stay on the CPU."""
     monkeypatch.setattr(model_module, "LOGIT_CHUNK_ROWS", 5)  # full chunks and a ragged last one
+    monkeypatch.setattr(model_module, "COMPILED_LOSS_MIN_ROWS", 1 if compiled else 10**9)
     torch.manual_seed(0)
     head = torch.nn.Linear(16, 100, bias=bias, device="cuda")
     hidden = torch.randn(4, 6, 16, device="cuda", requires_grad=True)
