@@ -168,6 +168,13 @@ def training_figures(workspace: Path) -> dict[str, Any]:
     steps = [r for r in records if "tokens_per_s" in r and r["step"] > 10]
     phases = next((r["phases_s"] for r in records if "phases_s" in r), None)
     figures: dict[str, Any] = {"phases_s": phases}
+    writes = next((r["checkpoint_writes_s"] for r in records if "checkpoint_writes_s" in r), None)
+    if writes:  # the loop's visible cost of checkpoints against their background write time
+        figures["checkpoint_writes"] = {"count": len(writes), "written_s": round(sum(writes), 2)}
+        if phases and "checkpoints" in phases:
+            figures["checkpoint_writes"]["visible_share"] = round(
+                phases["checkpoints"] / max(sum(writes), 1e-9), 3
+            )
     if steps:
         figures["tokens_per_s_median"] = sorted(r["tokens_per_s"] for r in steps)[len(steps) // 2]
         figures["peak_memory_gib"] = max(r.get("peak_memory_gib", 0) for r in steps)

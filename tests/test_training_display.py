@@ -45,6 +45,7 @@ def test_the_time_split_ends_the_training(trained_output: str) -> None:
     split = line.split("time split: ")[1]
     assert re.fullmatch(
         rf"setup [\d.]+ s, first step [\d.]+ s, {TRAIN_STEPS - 1} more steps [\d.]+ s "
-        r"\([\d.]+ ms each\), validation [\d.]+ s, checkpoints [\d.]+ s, final [\d.]+ s",
+        r"\([\d.]+ ms each\), validation [\d.]+ s, checkpoints [\d.]+ s, final [\d.]+ s "
+        r"\(\d+ written in the background in [\d.]+ s\)",
         split,
     ), split

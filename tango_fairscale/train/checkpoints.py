@@ -107,6 +107,9 @@ class BackgroundWriter:
         self.copier = HostCopier()
         self.thread: threading.Thread | None = None
         self.failure: tuple[int, str] | None = None
+        #: Seconds of each background write, from its snapshot to its commit: what a
+        #: synchronous write would have stopped the loop for.
+        self.write_seconds: list[float] = []
 
     def save(self, step: int, extra: dict | None = None, wait: bool = False) -> None:
         """Start writing step ``step``'s checkpoint (call on every rank); ``wait``: return once it
@@ -160,6 +163,7 @@ class BackgroundWriter:
             logger.warning("%s", error)
 
     def _write(self, snapshot: Any, ready: Any, identity: Identity) -> None:
+        started = time.perf_counter()
         partial = partial_dir(self.policy.directory, identity.step)
         fmt = self.engine.checkpoint_format
         try:
@@ -174,6 +178,7 @@ class BackgroundWriter:
                 commit(partial, self.policy.keep)
             else:
                 _leave(partial / _records_name(self.rank), Manifest(fmt.name, identity, records))
+            self.write_seconds.append(time.perf_counter() - started)
         except Exception as error:  # noqa: BLE001 - a full disk, a lost mount, another rank's
             self.failure = (identity.step, str(error) or type(error).__name__)
             if self.rank != 0:  # rank 0 must not wait for records that never come

@@ -218,10 +218,16 @@ class TrainingRun:
         self.clock.lap("final")
         if "first_step" not in self.clock.seconds:  # resumed with no step left: nothing to say
             return
-        self.log.write({"step": step + 1, "phases_s": self.clock.summary()})
+        writes = [round(seconds, 2) for seconds in self.writer.write_seconds]
+        self.log.write(
+            {"step": step + 1, "phases_s": self.clock.summary(), "checkpoint_writes_s": writes}
+        )
         if self.is_main:
             ran = step + 1 - self.start
-            cli_logger.info("%s", self.clock.describe(self.first_logged - self.start, ran))
+            split = self.clock.describe(self.first_logged - self.start, ran)
+            if writes:
+                split += f" ({len(writes)} written in the background in {sum(writes):.1f} s)"
+            cli_logger.info("%s", split)
 
 
 class StepLoss:

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -50,7 +51,7 @@ def test_the_loop_goes_on_while_the_files_are_written(
     writer, monkeypatch, tmp_path, tiny_model_dir
 ) -> None:
     """``save`` returns while the write is held; the weights changed after it are not in the
-    checkpoint, which is committed once the write ends."""
+    checkpoint, which is committed once the write ends; the write's seconds are recorded."""
     release, started = threading.Event(), threading.Event()
     write = RankFiles.write
 
@@ -68,9 +69,12 @@ def test_the_loop_goes_on_while_the_files_are_written(
         for parameter in engine.model.parameters():
             parameter.add_(1.0)
     assert not (tmp_path / "checkpoints" / LATEST).exists()
+    time.sleep(0.2)
     release.set()
     writer.wait()
     assert (tmp_path / "checkpoints" / LATEST).read_text() == "step0000005"
+    [written] = writer.write_seconds  # what a synchronous write would have cost the loop
+    assert written >= 0.2
 
     fresh = build_engine(tiny_model_dir, tmp_path / "fresh")
     assert resume(fresh, tmp_path / "checkpoints", True)["step"] == 5
