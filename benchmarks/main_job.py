@@ -190,6 +190,7 @@ def main() -> None:
     parser.add_argument("--tokenizer", required=True)
     parser.add_argument("--model", help="a saved model (default: a random GPT-2 124M, written)")
     parser.add_argument("--tiny", action="store_true", help="CPU smoke test: a tiny GPT-2")
+    parser.add_argument("--shape", default="124m", help="the random model's shape (_bench.SHAPES)")
     parser.add_argument("--train-steps", type=int, default=2000)
     parser.add_argument("--variants", default="default,ddp-fp32")
     parser.add_argument("--timeout-s", type=float, default=400)
@@ -199,7 +200,7 @@ def main() -> None:
     if args.model is None:
         from tango_fairscale.model.causal_lm import ModelWrapper
 
-        shape = "tiny" if args.tiny else "124m"
+        shape = "tiny" if args.tiny else args.shape
         args.model = tempfile.mkdtemp(prefix=f"gpt2-{shape}-")
         config = {"model_type": "gpt2", **_bench.SHAPES[shape]}
         ModelWrapper(config=config, tokenizer=args.tokenizer, seed=1).save(args.model)
