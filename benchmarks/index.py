@@ -74,6 +74,15 @@ EARLIER: dict[str, dict[str, str | None]] = {
         "target": "evidence (the predictions step): the same commit tokenizing in one part",
     },
     "precision_h200_ws1": {"suite": "precision"},
+    "startup_probe_h200_afe755f": {
+        "suite": None,
+        "target": "evidence (issue 32's start-up): a training process's start-up piece by piece, "
+        "the first forward 7.1 s with the compiled loss, 2.2 s with it eager below 4,096 tokens",
+    },
+    "profile_main_job_h200_1686201": {
+        "suite": "profile-main-job",
+        "figure": "analysis: each process of the main job's command (300 steps) under cProfile",
+    },
     "max_model_ws1_h200x2": {"suite": "max-model"},
     "max_model_ws2_h200x2": {"suite": "max-model"},
     "train_speed_pipe_h200x2": {"suite": "pipe"},

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from tango.common import Lazy, Registrable
 
 from ..records.checkpoints import run_id
@@ -15,35 +16,38 @@ from .checkpoints import TrainingStopped, resume_hint
 from .loop import TrainPlan, spawned_worker, train_worker
 
 
-def run_training(plan: TrainPlan) -> None:
+def run_training(plan: TrainPlan) -> dict[str, torch.Tensor] | None:
     """Train in ``plan.config.work_dir`` (resuming from its newest checkpoint) on every device.
 
     One device trains in this process; several are spawned processes, to which the preemption
     signal received here is passed on (a worker that dies or fails stops the others at once).
     Under an external launcher (:mod:`tango_fairscale.runtime.launcher`) the processes already
     exist: this one (rank 0) hands the plan to the others and trains as rank 0.
+
+    Returns the trained model where this process trained as rank 0; ``None`` where a spawned
+    rank 0 wrote it to ``final_weights.pt``.
     """
     plan.config.work_dir.mkdir(parents=True, exist_ok=True)
     plan.run_id = run_id(plan.checkpoints)  # made once; every rank's files carry it
     launch = launcher.current()
     if launch is not None:
         job = launch.publish(plan.config.work_dir, plan)
-        train_worker(launch.rank, plan, launch.job_store(job))
-    elif plan.config.world_size == 1:
-        train_worker(0, plan)
-    else:
-        try:
-            with hosted_store(plan.config):
-                run_workers(
-                    spawned_worker,
-                    (plan,),
-                    plan.config.world_size,
-                    plan.preemption_signal,
-                    preload=plan.component_modules,
-                )
-        except WorkerFailed as error:
-            raise TrainingStopped(f"{error}{_hint(error, plan)}") from error  # the log keeps
-            # the worker's traceback
+        return train_worker(launch.rank, plan, launch.job_store(job))
+    if plan.config.world_size == 1:
+        return train_worker(0, plan)
+    try:
+        with hosted_store(plan.config):
+            run_workers(
+                spawned_worker,
+                (plan,),
+                plan.config.world_size,
+                plan.preemption_signal,
+                preload=plan.component_modules,
+            )
+    except WorkerFailed as error:
+        raise TrainingStopped(f"{error}{_hint(error, plan)}") from error  # the log keeps
+        # the worker's traceback
+    return None
 
 
 def _hint(error: WorkerFailed, plan: TrainPlan) -> str:

@@ -59,21 +59,27 @@ class TrainPlan:
     run_id: str | None = None
     #: How validation tasks that generate text decode (part of the step's cache key).
     generation: GenerationSettings = field(default_factory=GenerationSettings)
+    #: Rank 0 writes the trained model to ``final_weights.pt`` (always when it is a spawned
+    #: process); ``False``: it returns it to the launching process it runs in, which saves a
+    #: write and a read of the whole model (the training step's plans).
+    final_weights_to_file: bool = True
 
     @property
     def checkpoints(self) -> Path:
         return self.config.work_dir / "checkpoints"
 
 
-def train_worker(rank: int, plan: TrainPlan, store: dist.Store | None = None) -> None:
+def train_worker(
+    rank: int, plan: TrainPlan, store: dist.Store | None = None
+) -> dict[str, torch.Tensor] | None:
     """Rank ``rank``'s part of ``plan``: join the process group (in ``store``, a launcher's, or
-    at the config's address), train, leave."""
+    at the config's address), train, leave; the trained model where rank 0 returns it."""
     config = plan.config
     config.worker_id = rank
     torch.manual_seed(config.seed)
     join_process_group(config, timedelta(seconds=plan.collective_timeout_s), store)
     try:
-        train(build_engine(plan), plan)
+        return train(build_engine(plan), plan)
     finally:
         leave_process_group()
 
@@ -82,6 +88,7 @@ def spawned_worker(rank: int, plan: TrainPlan) -> None:
     """:func:`train_worker` in a process spawned by ``run_training``, which holds the store the
     processes meet in (:func:`~tango_fairscale.runtime.process_group.hosted_store`)."""
     timeout = timedelta(seconds=plan.collective_timeout_s)
+    plan.final_weights_to_file = True
     train_worker(rank, plan, spawned_store(plan.config, timeout))
 
 
@@ -109,9 +116,10 @@ def build_engine(plan: TrainPlan) -> Engine:
     return engine
 
 
-def train(engine: Engine, plan: TrainPlan) -> None:
+def train(engine: Engine, plan: TrainPlan) -> dict[str, torch.Tensor] | None:
     """The loop. Every rank runs it (the data of a step is a pure function of the seed and the
-    step, so a resumed run continues where it stopped); rank 0 logs and writes."""
+    step, so a resumed run continues where it stopped); rank 0 logs and writes, and returns the
+    trained model unless it writes it for its launching process (:meth:`TrainingRun.finish`)."""
     run = TrainingRun(engine, plan)
     step = run.start
     engine.model.train()
@@ -142,7 +150,7 @@ def train(engine: Engine, plan: TrainPlan) -> None:
         raise
     finally:
         run.preemption.restore()
-    run.finish(step)
+    return run.finish(step)
 
 
 def forward_backward(

@@ -206,18 +206,24 @@ class TrainingRun:
         self.throughput.skip()
         self.bar.skip()
 
-    def finish(self, step: int) -> None:
+    def finish(self, step: int) -> dict[str, torch.Tensor] | None:
         """The last checkpoint committed, ``post_train_loop``, then the consolidated model for the
-        launching process."""
+        launching process: returned by rank 0 where it is that process, else written to
+        ``final_weights.pt`` (``plan.final_weights_to_file``)."""
         self.clock.lap("steps")
         self.writer.wait()
         barrier()
         self.preemption.restore()
         self.callbacks.call("post_train_loop", step, self.epoch(step))
-        export_final_weights(self.engine, self.config.work_dir / FINAL_WEIGHTS, self.is_main)
+        path = self.config.work_dir / FINAL_WEIGHTS if self.plan.final_weights_to_file else None
+        state = export_final_weights(self.engine, path, self.is_main)
         self.clock.lap("final")
-        if "first_step" not in self.clock.seconds:  # resumed with no step left: nothing to say
-            return
+        if "first_step" in self.clock.seconds:  # resumed with no step left: nothing to say
+            self.log_time_split(step)
+        return state
+
+    def log_time_split(self, step: int) -> None:
+        """Where the run's time went (and its background checkpoint writes): logged, shown."""
         writes = [round(seconds, 2) for seconds in self.writer.write_seconds]
         self.log.write(
             {"step": step + 1, "phases_s": self.clock.summary(), "checkpoint_writes_s": writes}
@@ -279,14 +285,19 @@ def write_run_info(path: Path, engine: Engine, plan: Any) -> None:
     ).write(path)
 
 
-def export_final_weights(engine: Engine, path: Any, is_main: bool) -> None:
-    """Gather the full model (every rank takes part); rank 0 writes it to ``path`` atomically."""
+def export_final_weights(
+    engine: Engine, path: Path | None, is_main: bool
+) -> dict[str, torch.Tensor] | None:
+    """Gather the full model (every rank takes part): rank 0 returns it, or writes it to ``path``
+    atomically (and returns ``None``)."""
     state = engine.full_model_state()
-    if is_main:
+    if is_main and path is not None:
         assert state is not None
         torch.save(state, path.with_suffix(".tmp"))
         os.replace(path.with_suffix(".tmp"), path)
+        state = None
     barrier()
+    return state if is_main else None
 
 
 def _every(step: int, interval: int | None) -> bool:

@@ -112,6 +112,7 @@ class TrainSettings:
             val_metric,
             keep_checkpoints=self.keep_checkpoints,
             generation=self.generation,
+            final_weights_to_file=False,
         )
 
 

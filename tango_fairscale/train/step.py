@@ -202,8 +202,9 @@ class TrainStep(Step[ModelWrapper]):
         stored, read from its final checkpoint; then the run's files given back."""
         finished = finished_checkpoint(plan.checkpoints)
         if finished is None:
-            run_training(plan)
-            state = load_torch_file(self.work_dir / FINAL_WEIGHTS)
+            state = run_training(plan)
+            if state is None:  # a spawned rank 0 wrote it
+                state = load_torch_file(self.work_dir / FINAL_WEIGHTS)
         else:  # the run finished, its result was not stored: its final checkpoint holds the model
             state = finished_model_state(finished)
         trained = model.construct()
