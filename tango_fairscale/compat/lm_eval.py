@@ -13,13 +13,25 @@ lm-eval draws a bar without a description while it builds a task's requests (``0
 on every rank, past Tango's writer. :func:`label_request_bars` names the task on it
 (``piqa: building requests``), draws it through Tango's ``Tqdm`` (file-friendly logging, the run's
 log) and on the first rank only.
+
+lm-eval's hint that custom kwargs can be passed to ``--metadata`` (a command line the package does
+not have), logged for every task it loads, is left out.
 """
 
 from __future__ import annotations
 
 import contextvars
 import functools
+import logging
 from typing import Any
+
+
+class _WithoutMetadataHint(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Custom kwargs can be passed to `--metadata`" not in record.getMessage()
+
+
+logging.getLogger("lm_eval.api.task").addFilter(_WithoutMetadataHint())
 
 #: Distinct template strings kept compiled (a task has a few; a process loads a few tasks).
 TEMPLATES_KEPT = 1024

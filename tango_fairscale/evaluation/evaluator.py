@@ -61,10 +61,14 @@ class Evaluator:
                 check_window(name, decoding, model.max_length)
 
     def evaluate(
-        self, spec: TaskSpec, loaded: TaskDict | None = None, bootstrap_iters: int = 100000
+        self,
+        spec: TaskSpec,
+        loaded: TaskDict | None = None,
+        bootstrap_iters: int = 100000,
+        samples: bool = True,
     ) -> dict[str, Any]:
-        """lm-eval's results JSON of ``spec`` and its samples
+        """lm-eval's results JSON of ``spec`` and, with ``samples``, its samples
         (:func:`~.harness.evaluate_task`); ``loaded``: its tasks, already loaded."""
         loaded = load_tasks(spec) if loaded is None else loaded
         self.check(spec, loaded)
-        return evaluate_task(self.lm, spec, loaded, bootstrap_iters)
+        return evaluate_task(self.lm, spec, loaded, bootstrap_iters, samples)

@@ -4,7 +4,7 @@ and its per-document samples, JSON-safe, and a flat summary of several tasks' re
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from tango.common.exceptions import ConfigurationError
@@ -28,14 +28,19 @@ SAMPLE_KEYS = ("doc_id", "target", "arguments", "resps", "filtered_resps", "filt
 
 
 def evaluate_task(
-    lm: Any, spec: TaskSpec, loaded: TaskDict | None = None, bootstrap_iters: int = 100000
+    lm: Any,
+    spec: TaskSpec,
+    loaded: TaskDict | None = None,
+    bootstrap_iters: int = 100000,
+    samples: bool = True,
 ) -> dict[str, Any]:
     """``lm_eval.evaluator.evaluate`` of ``spec``'s tasks (``loaded``: already loaded by
     :func:`~tango_fairscale.tasks.lm_eval.load_tasks`) with ``lm``, seeded as
     ``simple_evaluate`` seeds the few-shot choice; lm-eval's results JSON (:data:`RESULT_KEYS`)
     with its ``samples`` (:data:`SAMPLE_KEYS`) and, when ``strict: false`` left documents out,
-    ``skipped_documents`` (``{task: count}``). Call on every rank of a process group when
-    ``lm`` scores on all of them."""
+    ``skipped_documents`` (``{task: count}``); without ``samples``, no ``samples`` (lm-eval
+    then logs none either, unless a task's metrics need them: the results are the same). Call
+    on every rank of a process group when ``lm`` scores on all of them."""
     from lm_eval.evaluator import evaluate
 
     loaded = load_tasks(spec) if loaded is None else loaded
@@ -47,7 +52,7 @@ def evaluate_task(
             task_dict=loaded,
             limit=spec.limit,
             bootstrap_iters=bootstrap_iters,
-            log_samples=True,
+            log_samples=samples or _bypasses_metrics(loaded),
             verbosity="WARNING",
             system_instruction=spec.system_instruction,
             apply_chat_template=spec.apply_chat_template,
@@ -61,6 +66,8 @@ def evaluate_task(
     scores = {key: json_safe(output[key]) for key in RESULT_KEYS if key in output}
     if loaded.get("skipped_documents"):  # strict: false left them out
         scores["skipped_documents"] = dict(loaded["skipped_documents"])
+    if not samples:
+        return scores
     scores["samples"] = {
         task: [
             {key: json_safe(sample[key]) for key in SAMPLE_KEYS if key in sample}
@@ -70,6 +77,57 @@ def evaluate_task(
         for task, samples in output.get("samples", {}).items()
     }
     return scores
+
+
+def _bypasses_metrics(loaded: TaskDict) -> bool:
+    """Whether a task of ``loaded`` has lm-eval's ``bypass`` metric (which needs logged samples)."""
+    return any(
+        "bypass" in getattr(task, "_metric_fn_list", {}) for task in loaded["tasks"].values()
+    )
+
+
+def requests_built_once(loaded: TaskDict) -> TaskDict:
+    """``loaded``, its tasks building their lm-eval requests (``Instance`` s: contexts,
+    continuations, few-shot examples) and reading their documents on their first evaluation
+    only: a later evaluation that asks a task for the same requests (the same arguments to
+    ``build_all_requests``) gets the same ``Instance`` s, their answers cleared, and its
+    documents as first read (each a shallow copy). For tasks evaluated again and again
+    (validation during training): the requests equal those lm-eval would build again, as
+    :func:`evaluate_task` seeds the few-shot choice the same way every time."""
+    for task in loaded["tasks"].values():
+        if not getattr(task, "_requests_built_once", False):
+            task.build_all_requests = _built_once(task, task.build_all_requests)
+            task.doc_iterator = _documents_read_once(task.doc_iterator)
+            task._requests_built_once = True
+    return loaded
+
+
+def _built_once(task: Any, build: Callable[..., None]) -> Callable[..., None]:
+    built: list[Any] = []  # [(args, kwargs, instances)] of the last build
+
+    def build_all_requests(*args: Any, **kwargs: Any) -> None:
+        if built and built[0][:2] == (args, kwargs):
+            for instance in built[0][2]:  # lm-eval appends answers, its filters set theirs
+                instance.resps = []
+                instance.filtered_resps = {}
+            task._instances = built[0][2]
+            return
+        build(*args, **kwargs)
+        built[:] = [(args, kwargs, list(task.instances))]
+
+    return build_all_requests
+
+
+def _documents_read_once(doc_iterator: Callable[..., Any]) -> Callable[..., Any]:
+    read: dict[tuple, list[tuple[int, Any]]] = {}  # a Hugging Face dataset's rows: dicts
+
+    def documents(**kwargs: Any) -> Iterator[tuple[int, Any]]:
+        key = tuple(sorted((name, repr(value)) for name, value in kwargs.items()))
+        if key not in read:
+            read[key] = list(doc_iterator(**kwargs))
+        return ((i, dict(doc) if isinstance(doc, dict) else doc) for i, doc in read[key])
+
+    return documents
 
 
 def _metric_values(sample: Mapping[str, Any]) -> dict[str, Any]:

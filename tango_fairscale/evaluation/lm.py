@@ -60,12 +60,13 @@ class ScorerLM(LM):
         self.options = options
         self.generation = generation or GenerationSettings()
         self.truncated_continuations = 0
+        #: Each (context, continuation) pair's query, encoded once for this LM's evaluations.
+        self._encoded: dict[tuple[str, str], Query] = {}
 
     def loglikelihood(
         self, requests: Sequence[Any], disable_tqdm: bool = False
     ) -> list[tuple[float, bool]]:
-        pairs = [(request.args[0], request.args[1]) for request in requests]
-        queries = encode_pairs(self.tokenizer, pairs, self.max_length)
+        queries = self._queries([(request.args[0], request.args[1]) for request in requests])
         truncated = sum(1 for query in queries if query.unscored)
         if truncated:
             logger.warning(
@@ -78,6 +79,14 @@ class ScorerLM(LM):
             )
             self.truncated_continuations += truncated
         return self._score(queries, disable_tqdm)
+
+    def _queries(self, pairs: list[tuple[str, str]]) -> list[Query]:
+        """``pairs`` encoded (:func:`~tango_fairscale.data.queries.encode_pairs`), each pair once
+        for every evaluation by this LM (each is encoded alone: the same query in any batch)."""
+        encoded = self._encoded
+        new = [pair for pair in dict.fromkeys(pairs) if pair not in encoded]
+        encoded.update(zip(new, encode_pairs(self.tokenizer, new, self.max_length), strict=True))
+        return [encoded[pair] for pair in pairs]
 
     def loglikelihood_rolling(
         self, requests: Sequence[Any], disable_tqdm: bool = False

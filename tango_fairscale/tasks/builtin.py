@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -42,7 +41,9 @@ def full_task_manager() -> Any:
 @functools.cache
 def builtin_index() -> dict[str, tuple[str, str | None]]:
     """``{name: (kind, YAML path)}`` of every task, group and tag lm-eval ships, kept in a cache
-    file per lm-eval installation (building it parses ~14,000 YAML files)."""
+    file per lm-eval installation (building it parses ~14,000 YAML files): one line a name,
+    ``name<TAB>kind<TAB>path`` with the path relative to lm-eval's task folder (read in a few
+    milliseconds, where the same index as JSON took 0.1-0.3 s)."""
     import lm_eval
     import lm_eval.tasks
     from cached_path import get_cache_dir
@@ -50,12 +51,10 @@ def builtin_index() -> dict[str, tuple[str, str | None]]:
     tasks_dir = Path(lm_eval.tasks.__file__).resolve().parent
     installation = hashlib.sha256(str(tasks_dir).encode()).hexdigest()[:12]
     key = f"{lm_eval.__version__}-{installation}"
-    cache = Path(get_cache_dir()) / "tango_fairscale-lm_eval" / f"index-{key}.json"
+    cache = Path(get_cache_dir()) / "tango_fairscale-lm_eval" / f"index-{key}.tsv"
     try:
-        stored = json.loads(cache.read_text())
-        if stored.get("tasks_dir") == str(tasks_dir):
-            return {name: (kind, path) for name, (kind, path) in stored["entries"].items()}
-    except (OSError, ValueError, KeyError):
+        return _read_index(cache, tasks_dir)
+    except (OSError, ValueError):
         pass
     from lm_eval.tasks._index import TaskIndex
 
@@ -64,8 +63,28 @@ def builtin_index() -> dict[str, tuple[str, str | None]]:
         name: (entry.kind.name, None if entry.yaml_path is None else str(entry.yaml_path))
         for name, entry in index.items()
     }
+    lines = [f"{INDEX_HEADER}\t{tasks_dir}"] + [
+        f"{name}\t{kind}\t{'' if path is None else os.path.relpath(path, tasks_dir)}"
+        for name, (kind, path) in entries.items()
+    ]
     cache.parent.mkdir(parents=True, exist_ok=True)
     partial = cache.with_suffix(f".{os.getpid()}.tmp")
-    partial.write_text(json.dumps({"tasks_dir": str(tasks_dir), "entries": entries}))
+    partial.write_text("\n".join(lines) + "\n", encoding="utf-8")
     os.replace(partial, cache)
+    return entries
+
+
+#: The first field of an index file's first line (then lm-eval's task folder).
+INDEX_HEADER = "tango_fairscale lm-eval task index 1"
+
+
+def _read_index(cache: Path, tasks_dir: Path) -> dict[str, tuple[str, str | None]]:
+    """A stored index (:func:`builtin_index`); ``ValueError`` if it is not one of ``tasks_dir``."""
+    header, *lines = cache.read_text(encoding="utf-8").splitlines()
+    if header != f"{INDEX_HEADER}\t{tasks_dir}":
+        raise ValueError(f"{cache} is not an index of {tasks_dir}")
+    entries: dict[str, tuple[str, str | None]] = {}
+    for line in lines:
+        name, kind, path = line.split("\t")
+        entries[name] = (kind, os.path.join(tasks_dir, path) if path else None)
     return entries

@@ -42,14 +42,6 @@ KEYED_WHEN_SET = ("strict", "apply_chat_template", "system_instruction", "fewsho
 TaskDict = dict[str, Any]  # lm-eval's {"tasks": {name: Task}, "groups": ..., "group_map": ...}
 
 
-class _WithoutMetadataHint(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "Custom kwargs can be passed to `--metadata`" not in record.getMessage()
-
-
-logging.getLogger("lm_eval.api.task").addFilter(_WithoutMetadataHint())
-
-
 @dataclass
 class TaskSpec(FromParams, CustomDetHash):
     """One task (or group) of lm-evaluation-harness, as a config names it.
@@ -153,6 +145,13 @@ class TaskSpec(FromParams, CustomDetHash):
             # Passed as it is: Tango would try to build its values as components.
             config = params_.pop("config").as_dict(quiet=True)
             return super().from_params(params_, *args, config=config, **kwargs)
+        if isinstance(params_, Params) and isinstance(
+            dataset := params_.get("dataset"), DatasetDictBase
+        ):
+            # A step's result as it is: Tango would deep-copy it to try each type of the field's
+            # union, and its pop() write it out in a debug message (PIQA's examples: 0.5 s).
+            del params_["dataset"]
+            return super().from_params(params_, *args, dataset=dataset, **kwargs)
         return super().from_params(params_, *args, **kwargs)
 
     def det_hash_object(self) -> Any:

@@ -20,7 +20,7 @@ from ..data.queries import encode_pairs
 from ..data.schedules import BatchSchedule
 from ..evaluation.call import EvalOptions, ModelCall
 from ..evaluation.evaluator import Evaluator
-from ..evaluation.harness import merge, summary
+from ..evaluation.harness import merge, requests_built_once, summary
 from ..parallel.engine import Engine
 from ..records.checkpoints import run_id
 from ..records.run_info import RunInfo
@@ -58,7 +58,10 @@ class TrainingRun:
             config.worker_id,
             config.grad_accum,
         )
-        self.validation = [(spec, load_tasks(spec)) for spec in plan.validate_tasks]
+        # Each validation takes the requests (and their encodings) the first one built.
+        self.validation = [
+            (spec, requests_built_once(load_tasks(spec))) for spec in plan.validate_tasks
+        ]
         self.evaluator = evaluator(engine, plan)
         for spec, loaded in self.validation:  # what this engine or model cannot do: now
             self.evaluator.check(spec, loaded)
@@ -268,7 +271,8 @@ def validate(engine: Engine, evaluator: Evaluator, tasks: list) -> dict[str, Any
     the engine."""
     engine.model.eval()
     try:
-        return summary(merge([evaluator.evaluate(spec, loaded) for spec, loaded in tasks]))
+        results = [evaluator.evaluate(spec, loaded, samples=False) for spec, loaded in tasks]
+        return summary(merge(results))
     finally:
         engine.model.train()
 

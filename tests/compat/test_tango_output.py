@@ -22,6 +22,16 @@ def test_the_package_list_needs_no_pkg_resources() -> None:
     assert "ai2-tango" in names and "torch" in names and names == dict(sorted(names.items()))
 
 
+def test_the_package_list_is_read_once_a_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tango asks for it before every step: the installed distributions are read once."""
+    from importlib import metadata
+
+    first = installed_packages()
+    monkeypatch.setattr(metadata, "distributions", lambda: pytest.fail("read again"))
+    again = installed_packages()
+    assert again == first and again is not first  # a list of its own each time
+
+
 def test_a_finished_bar_is_drawn_once(capsys: pytest.CaptureFixture[str]) -> None:
     bar = Tqdm.tqdm(total=4, desc="Scoring", unit="query", mininterval=0)
     bar.update(4)
