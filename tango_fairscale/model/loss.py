@@ -14,10 +14,9 @@ from ..data.batches import IGNORE_INDEX
 
 #: Rows of logits computed at once (a 4096 × 50257 fp32 chunk is 0.8 GB).
 LOGIT_CHUNK_ROWS = 4096
-#: Training steps of at least this many tokens take the compiled loss on GPUs: its memory-bound
-#: passes over the logits fused into a few kernels (eager, they cost ~10 % of a 124M step of
-#: 64 x 1,024 tokens on an H200). Smaller steps are bound by the host, where the fusion gains
-#: nothing and its first call costs seconds (importing the compiler, starting its workers).
+#: Training steps of this many tokens or more take the compiled loss on GPUs (fused passes over
+#: the logits: eager, they cost ~10 % of a 124M step of 64 x 1,024 tokens on an H200); smaller
+#: steps are host-bound, where fusion gains nothing and its first call cost 3.2 s.
 COMPILED_LOSS_MIN_ROWS = LOGIT_CHUNK_ROWS
 
 
@@ -323,8 +322,7 @@ def _chunk_cross_entropy(
 @functools.cache
 def _compiled_chunk_cross_entropy() -> Any:
     """:func:`_chunk_cross_entropy` under ``torch.compile`` (``TORCH_COMPILE_DISABLE=1``: eager),
-    for any number of rows from the first call: the rows of a step vary (packed batches), and a
-    graph specialised to the first step's count would be compiled again at the second."""
+    for any row count from the first call (else the second step's count compiles it again)."""
     return torch.compile(_chunk_cross_entropy, dynamic=True)
 
 
