@@ -38,10 +38,19 @@ def built(tmp_path_factory, tiny_model_dir: Path, piqa_small) -> Path:
 
     import tango_fairscale.train.step as step_module
     from tango_fairscale.train.checkpoints import TrainingStopped
+    from tango_fairscale.train.settings import TrainSettings
 
     workspace = tmp_path_factory.mktemp("clean") / "workspace"
+    plan = TrainSettings.plan
+
+    def written_to_file(self, *args, **kwargs):  # rank 0 then wrote final_weights.pt
+        made = plan(self, *args, **kwargs)
+        made.final_weights_to_file = True
+        return made
+
     with pytest.MonkeyPatch.context() as patch:  # as the step did before it gave files back
         patch.setattr(step_module, "give_back_work_dir", lambda *args: None)
+        patch.setattr(TrainSettings, "plan", written_to_file)
         train_tiny(workspace, tiny_model_dir, piqa_small, train_steps=STEPS)
     save = torch.save
 
