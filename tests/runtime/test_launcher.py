@@ -5,11 +5,11 @@ Each "node" is a real ``torchrun --nnodes 2 --node-rank N`` process on 127.0.0.1
 * ``engine=fsdp2`` on two nodes of one process ends with the weights of the single-node
   two-process ``tango run`` (within 1e-5), and the workspace holds one completed run with its
   metrics;
-* ``engine=fairscale``: SIGTERM to both torchrun agents mid-training (as a cluster's preemption):
-  every rank checkpoints and stops; the same two commands again resume and end with the
+* ``engine=fairscale``, one job three times: SIGKILL of rank 1's worker mid-training: both nodes
+  exit within seconds, nothing left behind; the same commands again (starting over: no checkpoint
+  yet), and SIGTERM to both torchrun agents mid-training (as a cluster's preemption): every rank
+  checkpoints and stops; the same commands again resume (not start over) and end with the
   single-node run's weights and one completed run with its metrics;
-* SIGKILL of rank 1's worker mid-training: both nodes exit within seconds, and the same commands
-  resume from the last checkpoint to the uninterrupted run's weights;
 * ``fsdp2`` with ``hybrid_shard`` on two nodes of two processes (a 2 × 2 mesh) ends with the same
   weights as that single-node run;
 * one-line errors: ``device_count`` ≠ the launcher's world size, a workspace that another node
@@ -29,6 +29,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -210,42 +211,15 @@ def test_two_nodes_train_like_one(
     assert not list(workspace.glob("cache/TrainStep-*/work/final_weights.pt"))
 
 
-@pytest.mark.slow
-def test_preempted_nodes_resume_to_the_same_weights(
-    single_node_runs: dict[str, Path], data: tuple[str, ...], tmp_path: Path
-) -> None:
-    workspace = tmp_path / "ws"
+@pytest.fixture(scope="module")
+def killed_preempted_resumed(tmp_path_factory, data: tuple[str, ...]) -> dict[str, Any]:
+    """One ``fairscale`` job on two nodes, the same commands three times in one workspace:
+    ``killed`` (SIGKILL of rank 1's worker once training), ``preempted`` (SIGTERM to both agents
+    once this job logged a step), ``resumed`` (to the end). Each job's nodes' (exit code,
+    output), and what was seen meanwhile."""
+    workspace = tmp_path_factory.mktemp("killed-preempted-resumed") / "ws"
     defines = (*data, "engine=fairscale")
-
-    def preempt_once_training(processes: list[subprocess.Popen]) -> None:
-        deadline = time.time() + TIMEOUT_S
-        while time.time() < deadline and not logged_steps(workspace):
-            time.sleep(0.05)
-        for process in processes:  # the torchrun agents pass SIGTERM on to their ranks
-            process.send_signal(signal.SIGTERM)
-
-    preempted = torchrun_nodes(workspace, defines, while_running=preempt_once_training)
-    assert all(code != 0 for code, _ in preempted)
-    stopped = [line for line in preempted[0][1].splitlines() if "preempted by SIGTERM" in line]
-    assert stopped and "rerun the same command to resume from checkpoint step" in stopped[0]
-    assert max(logged_steps(workspace)) < 20
-
-    resumed = torchrun_nodes(workspace, defines)
-    assert_succeeded(resumed)
-    assert logged_steps(workspace).count(1) == 1  # resumed, not started over
-    assert_same_trained_weights(single_node_runs["fairscale"], workspace)
-    assert_one_completed_run_by_rank_0(workspace, resumed)
-
-
-@pytest.mark.slow
-def test_a_killed_rank_stops_every_node_and_the_job_resumes(
-    single_node_runs: dict[str, Path], data: tuple[str, ...], tmp_path: Path
-) -> None:
-    """SIGKILL of rank 1's worker mid-training: both nodes exit (non-zero) within seconds, no
-    process is left, and the same commands resume to the uninterrupted run's weights."""
-    workspace = tmp_path / "ws"
-    defines = (*data, "engine=fairscale")
-    killed: list[int] = []
+    seen: dict[str, Any] = {"workspace": workspace}
 
     def kill_rank_1_once_training(processes: list[subprocess.Popen]) -> None:
         deadline = time.time() + TIMEOUT_S
@@ -253,18 +227,61 @@ def test_a_killed_rank_stops_every_node_and_the_job_resumes(
             time.sleep(0.05)
         [worker] = child_processes(processes[1].pid, b"tango_fairscale")
         os.kill(worker, signal.SIGKILL)
-        killed.append(worker)
+        seen["killed_worker"] = worker
 
     started = time.time()
-    nodes = torchrun_nodes(workspace, defines, while_running=kill_rank_1_once_training)
-    assert time.time() - started < 120
+    seen["killed"] = torchrun_nodes(workspace, defines, while_running=kill_rank_1_once_training)
+    seen["killed_seconds"] = time.time() - started
+    seen["killed_worker_left"] = Path(f"/proc/{seen['killed_worker']}").exists()
+    before = len(logged_steps(workspace))
+
+    def preempt_once_training(processes: list[subprocess.Popen]) -> None:
+        deadline = time.time() + TIMEOUT_S
+        while time.time() < deadline and len(logged_steps(workspace)) <= before:
+            time.sleep(0.05)
+        for process in processes:  # the torchrun agents pass SIGTERM on to their ranks
+            process.send_signal(signal.SIGTERM)
+
+    seen["preempted"] = torchrun_nodes(workspace, defines, while_running=preempt_once_training)
+    seen["logged_when_preempted"] = logged_steps(workspace)
+    seen["resumed"] = torchrun_nodes(workspace, defines)
+    return seen
+
+
+@pytest.mark.slow
+def test_preempted_nodes_resume_to_the_same_weights(
+    killed_preempted_resumed: dict[str, Any], single_node_runs: dict[str, Path]
+) -> None:
+    job = killed_preempted_resumed
+    workspace, preempted, resumed = job["workspace"], job["preempted"], job["resumed"]
+    assert all(code != 0 for code, _ in preempted)
+    stopped = [line for line in preempted[0][1].splitlines() if "preempted by SIGTERM" in line]
+    assert stopped and "rerun the same command to resume from checkpoint step" in stopped[0]
+    assert max(job["logged_when_preempted"]) < 20
+
+    assert_succeeded(resumed)
+    after = logged_steps(workspace)[len(job["logged_when_preempted"]) :]
+    assert 20 in after and 1 not in after  # resumed, not started over
+    assert_same_trained_weights(single_node_runs["fairscale"], workspace)
+    assert_one_completed_run_by_rank_0(workspace, resumed)
+
+
+@pytest.mark.slow
+def test_a_killed_rank_stops_every_node_and_the_job_resumes(
+    killed_preempted_resumed: dict[str, Any], single_node_runs: dict[str, Path]
+) -> None:
+    """SIGKILL of rank 1's worker mid-training: both nodes exit (non-zero) within seconds, no
+    process is left, and the same commands train again (preempted, then resumed: the test
+    above) to the uninterrupted run's weights."""
+    job = killed_preempted_resumed
+    nodes = job["killed"]
+    assert job["killed_seconds"] < 120
     assert all(code != 0 for code, _ in nodes)
     assert "Signal 9 (SIGKILL)" in nodes[1][1] and "rank      : 1" in nodes[1][1]
-    assert not Path(f"/proc/{killed[0]}").exists()
+    assert not job["killed_worker_left"]
 
-    resumed = torchrun_nodes(workspace, defines)
-    assert_succeeded(resumed)
-    assert_same_trained_weights(single_node_runs["fairscale"], workspace)
+    assert_succeeded(job["resumed"])
+    assert_same_trained_weights(single_node_runs["fairscale"], job["workspace"])
 
 
 def logged_steps(workspace: Path) -> list[int]:
