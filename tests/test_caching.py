@@ -350,12 +350,20 @@ def started(output: str) -> set[str]:
 def test_gpt2_piqa_reruns_start_no_step_until_the_model_changes(
     tmp_path: Path, tokenizer_dir: Path, piqa_dir: Path, train_steps: str
 ) -> None:
+    """Evaluation only (``0``) goes on in the same workspace: PIQA's labels flipped in place
+    give the new metrics (:func:`rerun_after_labels_flipped_gives_the_new_metrics`)."""
     from conftest import save_tiny_gpt2
 
+    from tango_fairscale.tasks.piqa import PIQA_FILES
+
     model_dir = save_tiny_gpt2(tmp_path / "model", tokenizer_dir, seed=1, n_positions=256)
+    data_dir = tmp_path / "piqa"  # a copy: the labels test below edits it in place
+    data_dir.mkdir()
+    for name in PIQA_FILES:
+        shutil.copy(piqa_dir / name, data_dir / name)
     defines = {
         "model": str(model_dir),
-        "data_dir": str(piqa_dir),
+        "data_dir": str(data_dir),
         "train_steps": train_steps,
         "limit": "8",
         "engine": "ddp",
@@ -370,7 +378,28 @@ def test_gpt2_piqa_reruns_start_no_step_until_the_model_changes(
     assert started(tango_run(config, workspace, defines, "2")) == set()
     save_tiny_gpt2(model_dir, tokenizer_dir, seed=2, n_positions=256)  # overwritten in place
     # another model on the same files: lm-eval's requests come from the cache
-    assert started(tango_run(config, workspace, defines, "3")) == steps - {"piqa", "requests"}
+    output = tango_run(config, workspace, defines, "3", name="before")
+    assert started(output) == steps - {"piqa", "requests"}
+    if train_steps == "0":
+        rerun_after_labels_flipped_gives_the_new_metrics(config, workspace, defines, steps)
+
+
+def rerun_after_labels_flipped_gives_the_new_metrics(
+    config: str, workspace: Path, defines: dict[str, str], steps: set[str]
+) -> None:
+    """After run ``before``: the first 8 validation labels flipped in place (the same path, the
+    same file names), the same command runs every step again and gives the new metrics; once
+    more, it starts no step."""
+    from tango import Workspace
+
+    flip_labels(Path(defines["data_dir"]) / "valid-labels.lst", 8)
+    assert started(tango_run(config, workspace, defines, "4", name="after")) == steps
+    results = Workspace.from_url(str(workspace))
+    before, after = (results.step_result_for_run(run, "metrics") for run in ("before", "after"))
+    assert after["num_examples"] == before["num_examples"] == 8
+    for metric in ("acc", "acc_norm"):  # two choices: every answer is now wrong or right
+        assert after[metric] == pytest.approx(1 - before[metric]), (before, after)
+    assert started(tango_run(config, workspace, defines, "5")) == set()
 
 
 @pytest.mark.slow
@@ -405,32 +434,3 @@ def test_mc_suite_reruns_start_no_step_until_a_task_directory_changes(
     (copa / "validation.jsonl").write_text("\n".join(reversed(lines)) + "\n")
     changed = {"requests_copa", "scores_copa", "metrics"}
     assert started(tango_run(config, workspace, defines, "4")) == changed
-
-
-@pytest.mark.slow
-def test_gpt2_piqa_rerun_after_labels_flipped_in_place_gives_the_new_metrics(
-    tmp_path: Path, tokenizer_dir: Path, piqa_dir: Path
-) -> None:
-    from conftest import save_tiny_gpt2
-    from tango import Workspace
-
-    from tango_fairscale.tasks.piqa import PIQA_FILES
-
-    model_dir = save_tiny_gpt2(tmp_path / "model", tokenizer_dir, seed=1, n_positions=256)
-    data_dir = tmp_path / "piqa"
-    data_dir.mkdir()
-    for name in PIQA_FILES:
-        shutil.copy(piqa_dir / name, data_dir / name)
-    defines = {"model": str(model_dir), "data_dir": str(data_dir), "train_steps": "0"}
-    defines |= {"limit": "8", "engine": "ddp", "batch_size": "4"}
-    config, workspace = "configs/gpt2_piqa.jsonnet", tmp_path / "workspace"
-    steps = {"piqa", "requests", "predictions", "metrics"}
-    assert started(tango_run(config, workspace, defines, "1", name="before")) == steps
-    flip_labels(data_dir / "valid-labels.lst", 8)  # the same path, the same file names
-    assert started(tango_run(config, workspace, defines, "2", name="after")) == steps
-    results = Workspace.from_url(str(workspace))
-    before, after = (results.step_result_for_run(run, "metrics") for run in ("before", "after"))
-    assert after["num_examples"] == before["num_examples"] == 8
-    for metric in ("acc", "acc_norm"):  # two choices: every answer is now wrong or right
-        assert after[metric] == pytest.approx(1 - before[metric]), (before, after)
-    assert started(tango_run(config, workspace, defines, "3")) == set()

@@ -3,9 +3,16 @@
     python tests/compat/fairscale_probe.py WORLD_SIZE CASE [FIX ...]
 
 Exits 0 when the case runs, 1 with the error's type and message on stderr when it fails.
+
+    python tests/compat/fairscale_probe.py --many '[[WORLD_SIZE, CASE, [FIX, ...]], ...]'
+
+runs each probe in a process forked from this one (torch and FairScale imported once, nothing
+patched: the fixes are applied in the probe's own ranks) and prints, as JSON, each probe's exit
+code, stdout and stderr as the single probe's command would have given them.
 """
 
 import importlib.util
+import json
 import os
 import socket
 import sys
@@ -90,12 +97,70 @@ def worker(rank: int, world_size: int, port: int, case: str, fixes: list[str]) -
     dist.destroy_process_group()
 
 
-if __name__ == "__main__":
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    world_size, case, fixes = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
+        return sock.getsockname()[1]
+
+
+def probe(world_size: int, case: str, fixes: list[str], start_method: str = "spawn") -> int:
+    """The probe's exit code: 0 when every rank ran the case."""
     try:
-        mp.spawn(worker, args=(world_size, port, case, fixes), nprocs=world_size)
+        mp.start_processes(
+            worker,
+            args=(world_size, free_port(), case, fixes),
+            nprocs=world_size,
+            start_method=start_method,
+        )
     except Exception:
-        sys.exit(1)
+        return 1
+    return 0
+
+
+def probe_forked(world_size: int, case: str, fixes: list[str], out: Path) -> dict:
+    """One probe in a forked child whose stdout and stderr go to files in ``out``."""
+    stdout, stderr = out / "stdout", out / "stderr"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child: its output to the files, its ranks forked from it
+        code = 1
+        try:
+            with stdout.open("w") as o, stderr.open("w") as e:
+                os.dup2(o.fileno(), 1)
+                os.dup2(e.fileno(), 2)
+                code = probe(world_size, case, fixes, start_method="fork")
+                sys.stdout.flush()
+                sys.stderr.flush()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return {
+        "returncode": os.waitstatus_to_exitcode(status),
+        "stdout": stdout.read_text(),
+        "stderr": stderr.read_text(),
+    }
+
+
+def many(probes: list[tuple[int, str, list[str]]]) -> list[dict]:
+    import tempfile
+
+    # Imported once, before the forks: FairScale, and torch._dynamo, which the optimizer's
+    # first step imports (~1.5 s a process otherwise).
+    import fairscale.nn.data_parallel  # noqa: F401
+    import torch._dynamo  # noqa: F401
+
+    results = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for index, (world_size, case, fixes) in enumerate(probes):
+            out = Path(scratch) / str(index)
+            out.mkdir()
+            results.append(probe_forked(world_size, case, fixes, out))
+    return results
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--many":
+        print(json.dumps(many(json.loads(sys.argv[2]))))
+    else:
+        sys.exit(probe(int(sys.argv[1]), sys.argv[2], sys.argv[3:]))

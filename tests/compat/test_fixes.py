@@ -1,9 +1,11 @@
 """Each compatibility fix is needed (the case fails without it) and sufficient (it runs with it).
 
-The FairScale cases run ``tests/compat/fairscale_probe.py`` in fresh processes, since the fixes
-patch modules process-wide.
+The FairScale cases run ``tests/compat/fairscale_probe.py``: each probe in a process of its own
+(forked from one that imported torch and FairScale once, before any fix), since the fixes patch
+modules process-wide.
 """
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -17,43 +19,48 @@ GLOO = "use_list_collectives_for_gloo"
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the fixes are for CPU processes")
 
+#: (world size, case, the fix it needs, the fixes it needs besides, the error without it).
+CASES = [
+    (1, "basic", STREAMS, [], "KeyError: 'all_gather'"),
+    (1, "offload", "skip_pinned_memory", [STREAMS], "accelerator"),
+    (2, "basic", GLOO, [STREAMS], "Check failed"),
+    (1, "mixed", "fp32_reduce_scatter", [STREAMS], "expected dtype float"),
+    (1, "clip", "clip_grad_norm_", [STREAMS], "CUDA"),
+    (2, "load_shards", "load_local_state_dict", [STREAMS, GLOO], "_full_param_padded"),
+]
+Probe = tuple[int, str, tuple[str, ...]]
 
-def probe(world_size: int, case: str, *fixes: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(PROBE), str(world_size), case, *fixes],
+
+@pytest.fixture(scope="module")
+def probes() -> dict[Probe, dict]:
+    """Every case without and with its fix, run once by one ``fairscale_probe.py --many``: each
+    probe's exit code, stdout and stderr."""
+    wanted: list[Probe] = []
+    for world_size, case, needed, also, _ in CASES:
+        wanted += [(world_size, case, tuple(also)), (world_size, case, (*also, needed))]
+    done = subprocess.run(
+        [sys.executable, str(PROBE), "--many", json.dumps(wanted)],
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=600,
     )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return dict(zip(wanted, json.loads(done.stdout.splitlines()[-1]), strict=True))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "world_size, case, needed, also, error",
-    [
-        (1, "basic", STREAMS, [], "KeyError: 'all_gather'"),
-        (1, "offload", "skip_pinned_memory", [STREAMS], "accelerator"),
-        (2, "basic", GLOO, [STREAMS], "Check failed"),
-        (1, "mixed", "fp32_reduce_scatter", [STREAMS], "expected dtype float"),
-        (1, "clip", "clip_grad_norm_", [STREAMS], "CUDA"),
-        (2, "load_shards", "load_local_state_dict", [STREAMS, GLOO], "_full_param_padded"),
-    ],
-)
-def test_fix_is_needed_and_sufficient(world_size, case, needed, also, error) -> None:
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(2) as pool:  # two independent processes: one's imports overlap
-        cases = (also, [*also, needed])
-        running = [pool.submit(probe, world_size, case, *fixes) for fixes in cases]
-        without, with_fix = (future.result() for future in running)
-    assert without.returncode != 0 and error in without.stderr, without.stderr[-2000:]
-    assert with_fix.returncode == 0, with_fix.stderr[-2000:]
+@pytest.mark.parametrize("world_size, case, needed, also, error", CASES)
+def test_fix_is_needed_and_sufficient(probes, world_size, case, needed, also, error) -> None:
+    without = probes[world_size, case, tuple(also)]
+    with_fix = probes[world_size, case, (*also, needed)]
+    assert without["returncode"] != 0 and error in without["stderr"], without["stderr"][-2000:]
+    assert with_fix["returncode"] == 0, with_fix["stderr"][-2000:]
 
 
 @pytest.mark.slow
-def test_mixed_precision_gradients_are_fp32_at_world_size_1() -> None:
-    result = probe(1, "mixed", STREAMS, "fp32_reduce_scatter")
-    assert "gradient dtypes: torch.float32\n" in result.stdout
+def test_mixed_precision_gradients_are_fp32_at_world_size_1(probes) -> None:
+    result = probes[1, "mixed", (STREAMS, "fp32_reduce_scatter")]
+    assert "gradient dtypes: torch.float32\n" in result["stdout"]
 
 
 def test_tango_runs_in_a_repository_without_origin(tmp_path, monkeypatch) -> None:

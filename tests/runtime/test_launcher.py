@@ -5,11 +5,11 @@ Each "node" is a real ``torchrun --nnodes 2 --node-rank N`` process on 127.0.0.1
 * ``engine=fsdp2`` on two nodes of one process ends with the weights of the single-node
   two-process ``tango run`` (within 1e-5), and the workspace holds one completed run with its
   metrics;
-* ``engine=fairscale``: SIGTERM to both torchrun agents mid-training (as a cluster's preemption):
-  every rank checkpoints and stops; the same two commands again resume and end with the
+* ``engine=fairscale``, one job three times: SIGKILL of rank 1's worker mid-training: both nodes
+  exit within seconds, nothing left behind; the same commands again (starting over: no checkpoint
+  yet), and SIGTERM to both torchrun agents mid-training (as a cluster's preemption): every rank
+  checkpoints and stops; the same commands again resume (not start over) and end with the
   single-node run's weights and one completed run with its metrics;
-* SIGKILL of rank 1's worker mid-training: both nodes exit within seconds, and the same commands
-  resume from the last checkpoint to the uninterrupted run's weights;
 * ``fsdp2`` with ``hybrid_shard`` on two nodes of two processes (a 2 × 2 mesh) ends with the same
   weights as that single-node run;
 * one-line errors: ``device_count`` ≠ the launcher's world size, a workspace that another node
@@ -29,6 +29,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -52,6 +53,11 @@ TRAIN = (
     "device_count=2",
 )
 HYBRID = '{"steps.trained_model.engine.sharding.hybrid_shard": true}'
+
+
+TANGO_RUN = [sys.executable, "-m", "tango", "run"]
+#: The launcher's command without a launcher: ``tango run`` (the fsdp2 reference run is this one).
+PLAIN_RUN = [sys.executable, "-m", "tango_fairscale", "run"]
 
 
 def environment() -> dict[str, str]:
@@ -128,12 +134,14 @@ def torchrun_nodes(
     return finish(processes, logs)
 
 
-def single_node(runs: dict[Path, tuple[str, ...]]) -> None:
+def single_node(runs: dict[Path, tuple[str, ...]], plain: Path) -> None:
     """``tango run`` in each workspace with its defines, all at once (on 2 cores, one run's
-    imports overlap another's training)."""
+    imports overlap another's training); in workspace ``plain``, :data:`PLAIN_RUN` instead."""
     logs = [workspace.parent / f"{workspace.name}.log" for workspace in runs]
     commands = [
-        [sys.executable, "-m", "tango", "run", *tango_args(workspace, defines)]
+        [*TANGO_RUN, *tango_args(workspace, defines)]
+        if workspace != plain
+        else [*PLAIN_RUN, *tango_args(workspace, defines, "-n", "plain")]
         for workspace, defines in runs.items()
     ]
     for code, output in finish([start(c, log) for c, log in zip(commands, logs)], logs):
@@ -161,10 +169,15 @@ def data(tiny_model_dir: Path, piqa_dir: Path) -> tuple[str, ...]:
 
 @pytest.fixture(scope="module")
 def single_node_runs(tmp_path_factory, data: tuple[str, ...]) -> dict[str, Path]:
-    """The single-node two-process ``tango run`` of each sharded engine."""
+    """The single-node two-process run of each sharded engine: ``tango run`` for ``fairscale``,
+    ``python -m tango_fairscale run`` without a launcher (run ``plain``) for ``fsdp2``; the logs
+    beside the workspaces."""
     root = tmp_path_factory.mktemp("single-node")
     runs = {engine: root / engine for engine in ("fairscale", "fsdp2")}
-    single_node({workspace: (*data, f"engine={engine}") for engine, workspace in runs.items()})
+    single_node(
+        {workspace: (*data, f"engine={engine}") for engine, workspace in runs.items()},
+        plain=runs["fsdp2"],
+    )
     return runs
 
 
@@ -198,42 +211,15 @@ def test_two_nodes_train_like_one(
     assert not list(workspace.glob("cache/TrainStep-*/work/final_weights.pt"))
 
 
-@pytest.mark.slow
-def test_preempted_nodes_resume_to_the_same_weights(
-    single_node_runs: dict[str, Path], data: tuple[str, ...], tmp_path: Path
-) -> None:
-    workspace = tmp_path / "ws"
+@pytest.fixture(scope="module")
+def killed_preempted_resumed(tmp_path_factory, data: tuple[str, ...]) -> dict[str, Any]:
+    """One ``fairscale`` job on two nodes, the same commands three times in one workspace:
+    ``killed`` (SIGKILL of rank 1's worker once training), ``preempted`` (SIGTERM to both agents
+    once this job logged a step), ``resumed`` (to the end). Each job's nodes' (exit code,
+    output), and what was seen meanwhile."""
+    workspace = tmp_path_factory.mktemp("killed-preempted-resumed") / "ws"
     defines = (*data, "engine=fairscale")
-
-    def preempt_once_training(processes: list[subprocess.Popen]) -> None:
-        deadline = time.time() + TIMEOUT_S
-        while time.time() < deadline and not logged_steps(workspace):
-            time.sleep(0.05)
-        for process in processes:  # the torchrun agents pass SIGTERM on to their ranks
-            process.send_signal(signal.SIGTERM)
-
-    preempted = torchrun_nodes(workspace, defines, while_running=preempt_once_training)
-    assert all(code != 0 for code, _ in preempted)
-    stopped = [line for line in preempted[0][1].splitlines() if "preempted by SIGTERM" in line]
-    assert stopped and "rerun the same command to resume from checkpoint step" in stopped[0]
-    assert max(logged_steps(workspace)) < 20
-
-    resumed = torchrun_nodes(workspace, defines)
-    assert_succeeded(resumed)
-    assert logged_steps(workspace).count(1) == 1  # resumed, not started over
-    assert_same_trained_weights(single_node_runs["fairscale"], workspace)
-    assert_one_completed_run_by_rank_0(workspace, resumed)
-
-
-@pytest.mark.slow
-def test_a_killed_rank_stops_every_node_and_the_job_resumes(
-    single_node_runs: dict[str, Path], data: tuple[str, ...], tmp_path: Path
-) -> None:
-    """SIGKILL of rank 1's worker mid-training: both nodes exit (non-zero) within seconds, no
-    process is left, and the same commands resume to the uninterrupted run's weights."""
-    workspace = tmp_path / "ws"
-    defines = (*data, "engine=fairscale")
-    killed: list[int] = []
+    seen: dict[str, Any] = {"workspace": workspace}
 
     def kill_rank_1_once_training(processes: list[subprocess.Popen]) -> None:
         deadline = time.time() + TIMEOUT_S
@@ -241,18 +227,61 @@ def test_a_killed_rank_stops_every_node_and_the_job_resumes(
             time.sleep(0.05)
         [worker] = child_processes(processes[1].pid, b"tango_fairscale")
         os.kill(worker, signal.SIGKILL)
-        killed.append(worker)
+        seen["killed_worker"] = worker
 
     started = time.time()
-    nodes = torchrun_nodes(workspace, defines, while_running=kill_rank_1_once_training)
-    assert time.time() - started < 120
+    seen["killed"] = torchrun_nodes(workspace, defines, while_running=kill_rank_1_once_training)
+    seen["killed_seconds"] = time.time() - started
+    seen["killed_worker_left"] = Path(f"/proc/{seen['killed_worker']}").exists()
+    before = len(logged_steps(workspace))
+
+    def preempt_once_training(processes: list[subprocess.Popen]) -> None:
+        deadline = time.time() + TIMEOUT_S
+        while time.time() < deadline and len(logged_steps(workspace)) <= before:
+            time.sleep(0.05)
+        for process in processes:  # the torchrun agents pass SIGTERM on to their ranks
+            process.send_signal(signal.SIGTERM)
+
+    seen["preempted"] = torchrun_nodes(workspace, defines, while_running=preempt_once_training)
+    seen["logged_when_preempted"] = logged_steps(workspace)
+    seen["resumed"] = torchrun_nodes(workspace, defines)
+    return seen
+
+
+@pytest.mark.slow
+def test_preempted_nodes_resume_to_the_same_weights(
+    killed_preempted_resumed: dict[str, Any], single_node_runs: dict[str, Path]
+) -> None:
+    job = killed_preempted_resumed
+    workspace, preempted, resumed = job["workspace"], job["preempted"], job["resumed"]
+    assert all(code != 0 for code, _ in preempted)
+    stopped = [line for line in preempted[0][1].splitlines() if "preempted by SIGTERM" in line]
+    assert stopped and "rerun the same command to resume from checkpoint step" in stopped[0]
+    assert max(job["logged_when_preempted"]) < 20
+
+    assert_succeeded(resumed)
+    after = logged_steps(workspace)[len(job["logged_when_preempted"]) :]
+    assert 20 in after and 1 not in after  # resumed, not started over
+    assert_same_trained_weights(single_node_runs["fairscale"], workspace)
+    assert_one_completed_run_by_rank_0(workspace, resumed)
+
+
+@pytest.mark.slow
+def test_a_killed_rank_stops_every_node_and_the_job_resumes(
+    killed_preempted_resumed: dict[str, Any], single_node_runs: dict[str, Path]
+) -> None:
+    """SIGKILL of rank 1's worker mid-training: both nodes exit (non-zero) within seconds, no
+    process is left, and the same commands train again (preempted, then resumed: the test
+    above) to the uninterrupted run's weights."""
+    job = killed_preempted_resumed
+    nodes = job["killed"]
+    assert job["killed_seconds"] < 120
     assert all(code != 0 for code, _ in nodes)
     assert "Signal 9 (SIGKILL)" in nodes[1][1] and "rank      : 1" in nodes[1][1]
-    assert not Path(f"/proc/{killed[0]}").exists()
+    assert not job["killed_worker_left"]
 
-    resumed = torchrun_nodes(workspace, defines)
-    assert_succeeded(resumed)
-    assert_same_trained_weights(single_node_runs["fairscale"], workspace)
+    assert_succeeded(job["resumed"])
+    assert_same_trained_weights(single_node_runs["fairscale"], job["workspace"])
 
 
 def logged_steps(workspace: Path) -> list[int]:
@@ -343,15 +372,13 @@ def test_rendezvous_nobody_joins_is_one_line(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_without_a_launcher_run_is_tango_run(tiny_model_dir: Path, piqa_dir: Path, tmp_path):
-    defines = (f"model={tiny_model_dir}", f"data_dir={piqa_dir}", "train_steps=0", "limit=8")
-    command = [sys.executable, "-m", "tango_fairscale", "run"]
-    command += tango_args(tmp_path / "ws", defines, "-n", "plain")
-    log = tmp_path / "plain.log"
-    [(code, output)] = finish([start(command, log)], [log])
-    assert code == 0, output[-4000:]
+def test_without_a_launcher_run_is_tango_run(single_node_runs: dict[str, Path]) -> None:
+    """The fsdp2 reference run (:func:`single_node_runs`), whose weights the torchrun jobs
+    match: ``python -m tango_fairscale run -n plain`` without a launcher."""
+    workspace = single_node_runs["fsdp2"]
+    output = (workspace.parent / f"{workspace.name}.log").read_text()
     assert "Finished run plain" in output
-    assert (tmp_path / "ws" / "runs" / "plain" / "metrics").exists()
+    assert (workspace / "runs" / "plain" / "metrics").exists()
 
 
 @pytest.mark.slow
@@ -363,7 +390,7 @@ def test_plain_tango_run_under_a_launcher_is_refused(data: tuple[str, ...], tmp_
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(free_port()),
     }
-    command = [sys.executable, "-m", "tango", "run", *tango_args(tmp_path / "ws", data)]
+    command = [*TANGO_RUN, *tango_args(tmp_path / "ws", data)]
     result = subprocess.run(
         command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
     )

@@ -56,15 +56,18 @@ def latest_checkpoint(workspace: Path) -> str | None:
 
 STEPS = 20  # the faults strike after the first checkpoint (step 5)
 
-#: ``train_in`` of 2 processes, resuming in work dir ``work``.
+#: ``train_in`` of 2 processes, resuming in each work dir of ``works`` in turn, a line
+#: ``=== <work dir>`` on stderr before each.
 RESUME = """
 import sys
 sys.path.insert(0, {tests!r})
 from pathlib import Path
 from conftest import train_in
 from tango_fairscale.tasks.piqa import read_piqa
-train_in(Path({work!r}), Path({{model!r}}), read_piqa(Path({{piqa!r}}), limit=64),
-         "tango_fairscale::fairscale", 2, {{steps}})
+piqa = read_piqa(Path({piqa!r}), limit=64)
+for work in {works!r}:
+    print("===", work, file=sys.stderr, flush=True)
+    train_in(Path(work), Path({model!r}), piqa, "tango_fairscale::fairscale", 2, {steps})
 """
 
 #: The reference of the fault tests: the same 2-process FairScale run (``train_tiny``'s
@@ -411,36 +414,65 @@ def test_a_damaged_checkpoint_falls_back_to_the_one_before(
     assert kept == ["step0000015", "step0000020"]  # keep_checkpoints' default: 2
 
 
-@pytest.mark.slow
-@trains(UNINTERRUPTED)
-@pytest.mark.parametrize("damage", ["same-size", "of step 15"])
-def test_a_damaged_rank_file_of_two_is_refused_and_the_rerun_falls_back(
-    damage, tmp_path, tiny_model_dir, piqa_dir, uninterrupted, capsys
-) -> None:
-    """Rank 1's file of the newest checkpoint (step 20 of 2 processes) damaged, or taken from
-    another checkpoint: export refuses it in one line naming the file; the rerun (both ranks)
-    falls back to step 15, says so, and ends with the uninterrupted run's weights."""
+RANK_FILE_DAMAGES = ["same-size", "of step 15"]
+
+
+@pytest.fixture(scope="module")
+def rank_file_reruns(tmp_path_factory, trained_run, tiny_model_dir, piqa_dir) -> dict[str, Any]:
+    """For each damage of :data:`RANK_FILE_DAMAGES`, in a copy of the uninterrupted run's
+    checkpoints: rank 1's file of the newest checkpoint damaged, then ``export`` of it (its exit
+    code and stderr), then the rerun of both ranks (its stderr) — the reruns one after the other
+    in one process of their own, whose workers' warnings reach its stderr."""
+    import contextlib
+    import io
     import shutil
 
     from tango_fairscale.cli import main
 
-    shutil.copytree(uninterrupted.work_dir / "checkpoints", tmp_path / "checkpoints")
-    do, problem = damages()[damage]
-    do(tmp_path / "checkpoints" / "step0000020" / "rank1.pt")
-    capsys.readouterr()
-    assert main(["export", str(tmp_path), str(tmp_path / "hf")]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "step0000020 is damaged (rank1.pt: " in err, err
-    assert problem in err and "export an earlier checkpoint" in err, err
-    # In a process of its own, whose workers' warnings reach its stderr.
-    command = RESUME.format(tests=str(Path(__file__).parents[1]), work=str(tmp_path))
-    command = command.format(model=str(tiny_model_dir), piqa=str(piqa_dir), steps=STEPS)
+    reference = trained_run(UNINTERRUPTED)
+    works, exported = {}, {}
+    for damage in RANK_FILE_DAMAGES:
+        work = works[damage] = tmp_path_factory.mktemp("damaged-rank-file")
+        shutil.copytree(reference.work_dir / "checkpoints", work / "checkpoints")
+        damages()[damage][0](work / "checkpoints" / "step0000020" / "rank1.pt")
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            code = main(["export", str(work), str(work / "hf")])
+        exported[damage] = code, err.getvalue()
+    command = RESUME.format(
+        tests=str(Path(__file__).parents[1]),
+        works=[str(work) for work in works.values()],
+        model=str(tiny_model_dir),
+        piqa=str(piqa_dir),
+        steps=STEPS,
+    )
     resumed = subprocess.run([sys.executable, "-c", command], capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    logged = resumed.stderr
+    logs = resumed.stderr.split("=== ")[1:]
+    assert [log.split("\n", 1)[0] for log in logs] == [str(work) for work in works.values()]
+    return {
+        damage: (work, *exported[damage], log)
+        for (damage, work), log in zip(works.items(), logs, strict=True)
+    }
+
+
+@pytest.mark.slow
+@trains(UNINTERRUPTED)
+@pytest.mark.parametrize("damage", RANK_FILE_DAMAGES)
+def test_a_damaged_rank_file_of_two_is_refused_and_the_rerun_falls_back(
+    damage, rank_file_reruns, uninterrupted
+) -> None:
+    """Rank 1's file of the newest checkpoint (step 20 of 2 processes) damaged, or taken from
+    another checkpoint: export refuses it in one line naming the file; the rerun (both ranks)
+    falls back to step 15, says so, and ends with the uninterrupted run's weights."""
+    work, code, err, logged = rank_file_reruns[damage]
+    problem = damages()[damage][1]
+    assert code == 2
+    assert err.count("\n") == 1 and "step0000020 is damaged (rank1.pt: " in err, err
+    assert problem in err and "export an earlier checkpoint" in err, err
     assert "checkpoint step0000020 is damaged (rank1.pt: " in logged, logged[-2000:]
     assert f"{problem}" in logged and "; resuming from step0000015" in logged, logged[-2000:]
-    state = torch.load(tmp_path / "final_weights.pt", weights_only=True)
+    state = torch.load(work / "final_weights.pt", weights_only=True)
     assert_same_weights(uninterrupted.state_dict(), state)
 
 
