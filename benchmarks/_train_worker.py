@@ -107,7 +107,8 @@ def measure(rank: int, spec: dict[str, Any], result_dir: Path) -> dict[str, Any]
     profiled = _train_profile.profile(engine, batch_for, n_steps, sync, rank, spec)
     result.update(profiled)
     if spec["engine"] == "pipe":
-        result.update(balance=list(engine.strategy.balance), stage_devices=[str(d) for d in devices])
+        balance = list(engine.strategy.balance)
+        result.update(balance=balance, stage_devices=[str(d) for d in devices])
     if cuda_devices:
         allocated = [torch.cuda.max_memory_allocated(d) for d in cuda_devices]
         reserved = [torch.cuda.max_memory_reserved(d) for d in cuda_devices]
