@@ -42,6 +42,10 @@ class Engine(TrainingEngine):
     :param max_grad_norm: clip the global gradient norm to this value (``None``: no clipping).
     """
 
+    #: Why this engine cannot generate text (``generate_until`` tasks; asked of the registered
+    #: class before it is built); ``None``: it can.
+    generation_refusal: ClassVar[str | None] = None
+
     def __init__(
         self,
         train_config: TrainConfig,
@@ -122,11 +126,6 @@ class Engine(TrainingEngine):
         """Whether ``forward_train`` / ``forward_eval`` take packed batches
         (:func:`~tango_fairscale.data.batches.packed_batch`)."""
         return self.strategy.accepts_packed_batches(self.wrapped_model)
-
-    @property
-    def generation_refusal(self) -> str | None:
-        """Why this engine cannot generate text (``generate_until`` tasks); ``None``: it can."""
-        return self.strategy.generation_refusal
 
     # --- the training step --------------------------------------------------------------------
 

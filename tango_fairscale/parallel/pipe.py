@@ -96,12 +96,6 @@ class PipeStrategy(Strategy):
     in one process, so rank 0's file and :class:`Strategy`'s state; a tied head's mirror merged
     around each step and refreshed after each load."""
 
-    generation_refusal = (
-        "the pipe engine does not generate text (generate_until): validate generation tasks "
-        "under ddp, fairscale or fsdp2, or score them after training with "
-        "tango_fairscale::task_scores"
-    )
-
     def __init__(
         self, balance: list[int] | None, chunks: int, checkpoint: str, devices: list[str] | None
     ) -> None:
@@ -218,6 +212,12 @@ class PipeEngine(Engine):
                  checkpoint: "except_last", devices: ["cuda:0", "cuda:1"],
                  precision: "bf16-mixed", optimizer: {type: "torch::AdamW", lr: 1e-5}}
     """
+
+    generation_refusal = (
+        "the pipe engine does not generate text (generate_until): validate generation tasks "
+        "under ddp, fairscale or fsdp2, or score them after training with "
+        "tango_fairscale::task_scores"
+    )
 
     @classmethod
     def check_world_size(cls, world_size: int) -> None:

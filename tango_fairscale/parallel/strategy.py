@@ -40,8 +40,6 @@ class Strategy(ABC):
 
     #: Whether every rank holds different model/optimizer state (and so writes its own file).
     sharded: ClassVar[bool] = False
-    #: Why this engine cannot generate text (``generate_until`` tasks); ``None``: it can.
-    generation_refusal: ClassVar[str | None] = None
 
     placement: Placement
 
