@@ -69,7 +69,7 @@ def measure(rank: int, spec: dict[str, Any], result_dir: Path) -> dict[str, Any]
     setup_s = time.perf_counter() - started
     # The devices this process computes on: one per pipe stage (two CPU stages count twice),
     # else its own; memory is read once per distinct GPU.
-    devices = list(engine.stage_devices) if spec["engine"] == "pipe" else [device]
+    devices = list(engine.strategy.stage_devices) if spec["engine"] == "pipe" else [device]
     cuda_devices = list(dict.fromkeys(d for d in devices if d.type == "cuda"))
     inject_fault(rank)
 
@@ -107,7 +107,8 @@ def measure(rank: int, spec: dict[str, Any], result_dir: Path) -> dict[str, Any]
     profiled = _train_profile.profile(engine, batch_for, n_steps, sync, rank, spec)
     result.update(profiled)
     if spec["engine"] == "pipe":
-        result.update(balance=list(engine.balance), stage_devices=[str(d) for d in devices])
+        balance = list(engine.strategy.balance)
+        result.update(balance=balance, stage_devices=[str(d) for d in devices])
     if cuda_devices:
         allocated = [torch.cuda.max_memory_allocated(d) for d in cuda_devices]
         reserved = [torch.cuda.max_memory_reserved(d) for d in cuda_devices]

@@ -62,10 +62,6 @@ class StateOwner(Protocol):
 
     def load_model_state(self, state: dict[str, torch.Tensor]) -> None: ...
 
-    def optimizer_state(self) -> dict[str, Any]: ...
-
-    def load_optimizer_state(self, state: dict[str, Any]) -> None: ...
-
 
 class CheckpointFormat(ABC):
     """A checkpoint layout: subclasses write, load and consolidate its files."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from tango.common import Lazy
 from tango.integrations.torch import LRScheduler, Model, Optimizer, TrainConfig, TrainingEngine
 from torch.nn.parallel import DistributedDataParallel
@@ -9,6 +10,26 @@ from torch.nn.parallel import DistributedDataParallel
 from ..model.causal_lm import ModelWrapper
 from .engine import Engine
 from .sharding import default_unit_patterns, select_modules
+from .strategy import Strategy
+
+
+class DDPStrategy(Strategy):
+    """Torch ``DistributedDataParallel`` (a single process trains the bare model); ``compile``:
+    ``torch.compile`` each transformer block first. Everything else is :class:`Strategy`'s."""
+
+    def __init__(self, compile: bool = False) -> None:
+        self.compile = compile
+
+    def wrap(self, model: ModelWrapper) -> torch.nn.Module:
+        device = self.placement.device
+        model = model.to(device)
+        if self.compile:
+            for name in select_modules(model, default_unit_patterns(model), "compile"):
+                model.get_submodule(name).compile()
+        if not self.placement.job.is_distributed:
+            return model
+        device_ids = [device] if device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=device_ids)
 
 
 @TrainingEngine.register("tango_fairscale::ddp")
@@ -38,25 +59,15 @@ class DDPEngine(Engine):
         max_grad_norm: float | None = None,
         compile: bool = False,
     ) -> None:
-        # The base engine's fields are restated, not taken as ``**kwargs``: with ``**kwargs``
-        # Tango hands unknown config keys through, and a typo would end in a TypeError instead
-        # of the one-line "did you mean ..." error (tests/test_hostile_input.py).
-        self.compile = compile
+        # The engine's fields are restated, not taken as ``**kwargs``: with ``**kwargs`` Tango
+        # hands unknown config keys through, and a typo would end in a TypeError instead of the
+        # one-line "did you mean ..." error (tests/test_hostile_input.py).
         super().__init__(
             train_config,
             model,
             optimizer,
+            DDPStrategy(compile),
             lr_scheduler=lr_scheduler,
             precision=precision,
             max_grad_norm=max_grad_norm,
         )
-
-    def _wrap_model(self, model: ModelWrapper) -> Model:
-        model = model.to(self.device)
-        if self.compile:
-            for name in select_modules(model, default_unit_patterns(model), "compile"):
-                model.get_submodule(name).compile()
-        if not self.train_config.is_distributed:
-            return model
-        device_ids = [self.device] if self.device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=device_ids)  # type: ignore[return-value]

@@ -1,11 +1,11 @@
-"""What every engine shares: precision (:mod:`.precision`'s ``Precision`` and ``LossScaling``),
-micro-batches with ``no_sync``, clipping, and a checkpoint format.
+"""The package's one engine: a wrapping strategy (:mod:`.strategy`: how a model is wrapped and its
+state held) composed with a precision (:mod:`.precision`'s ``Precision`` and ``LossScaling``) and
+the strategy's checkpoint format (:mod:`.checkpoint_format`: the layout on disk); it runs the
+shared step: micro-batches with ``no_sync``, clipping, the optimizer step.
 
-An engine is a Tango ``TrainingEngine``: it wraps the model (DDP, FSDP, ...) and runs forward,
-backward and the optimizer step. :class:`Engine` implements everything but the wrapping;
-subclasses override :meth:`Engine._wrap_model` and, when sharded, the state-dict hooks and
-:meth:`Engine._checkpoint_format` (:mod:`.checkpoint_format`: the layout on disk).
-Our ``tango_fairscale::train`` and Tango's own ``torch::train`` both drive engines; for the latter,
+An engine is a Tango ``TrainingEngine``; each registered one (``ddp``, ``fairscale``, ``fsdp2``,
+``pipe``) only builds its strategy from its config keys. Our ``tango_fairscale::train`` and Tango's
+own ``torch::train`` both drive engines; for the latter,
 :meth:`Engine.save_complete_weights_from_checkpoint` consolidates offline
 (:mod:`~tango_fairscale.parallel.consolidate`).
 """
@@ -13,10 +13,9 @@ Our ``tango_fairscale::train`` and Tango's own ``torch::train`` both drive engin
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from tango.common import Lazy
@@ -29,31 +28,30 @@ from ..model.causal_lm import ModelWrapper, move_batch
 from ..records.checkpoints import Identity, run_id
 from ..runtime.process_group import join_process_group
 from . import consolidate
-from .checkpoint_format import CheckpointFormat
 from .precision import LossScaling, resolve_precision
-from .rank_files import RankFiles
 from .sharding import ShardingConfig
-
-logger = logging.getLogger(__name__)
+from .strategy import Placement, ShardedStrategy, Strategy, unwrap
 
 
 class Engine(TrainingEngine):
-    """Base of the package's engines (not registered itself).
+    """A :class:`~.strategy.Strategy` composed with a precision and a checkpoint format (not
+    registered itself: the registered engines build its strategy).
 
+    :param strategy: how the model is wrapped and its state held.
     :param precision: ``auto``, ``32-true``, ``bf16-mixed``, ``16-mixed`` or ``bf16-true``.
     :param max_grad_norm: clip the global gradient norm to this value (``None``: no clipping).
     """
 
-    #: Whether every rank holds different model/optimizer state (and so writes its own file).
-    sharded = False
-    #: Why this engine cannot generate text (``generate_until`` tasks); ``None``: it can.
-    generation_refusal: str | None = None
+    #: Why this engine cannot generate text (``generate_until`` tasks; asked of the registered
+    #: class before it is built); ``None``: it can.
+    generation_refusal: ClassVar[str | None] = None
 
     def __init__(
         self,
         train_config: TrainConfig,
         model: Model | Lazy[Model],
         optimizer: Lazy[Optimizer],
+        strategy: Strategy,
         *,
         lr_scheduler: Lazy[LRScheduler] | None = None,
         precision: str = "auto",
@@ -69,21 +67,19 @@ class Engine(TrainingEngine):
         self.device = train_config.worker_local_default_device
         self.precision = resolve_precision(precision, self.device)
         self.max_grad_norm = max_grad_norm
-        self._check_options()
+        self.strategy = strategy
+        strategy.setup(Placement(self.device, self.precision, train_config))
         # Our training worker has joined the job's process group; an engine built elsewhere (by
         # Tango's torch::train, say) joins it here. FSDP needs one even alone.
-        if self.sharded or train_config.is_distributed:
+        if strategy.sharded or train_config.is_distributed:
             join_process_group(train_config)
         self._no_sync = contextlib.ExitStack()
         super().__init__(train_config, model, optimizer, lr_scheduler=lr_scheduler)
-        scaler = self._make_grad_scaler() if self.precision.needs_grad_scaler else None
+        scaler = strategy.grad_scaler() if self.precision.needs_grad_scaler else None
         self.loss_scaling = LossScaling(scaler)
-        self.checkpoint_format = self._checkpoint_format()
+        self.checkpoint_format = strategy.checkpoint_format()
 
     # --- construction -------------------------------------------------------------------------
-
-    def _check_options(self) -> None:
-        """Refuse option combinations this engine cannot run (before any expensive work)."""
 
     def _construct_model(self, model: Model | Lazy[Model]) -> Model:
         if isinstance(model, Lazy):
@@ -92,11 +88,7 @@ class Engine(TrainingEngine):
             raise ConfigurationError(
                 f"the engine needs a 'tango_fairscale::causal_lm' model, got {type(model).__name__}"
             )
-        return self._wrap_model(self.precision.convert_module(model))
-
-    def _wrap_model(self, model: ModelWrapper) -> Model:
-        """Move ``model`` to the device and wrap it for this engine."""
-        raise NotImplementedError
+        return self.strategy.wrap(self.precision.convert_module(model))  # type: ignore[return-value]
 
     def _construct_optimizer(self, optimizer: Lazy[Optimizer]) -> Optimizer:
         """The optimizer over the wrapped model's parameters; on a GPU, fused (one kernel for every
@@ -109,13 +101,10 @@ class Engine(TrainingEngine):
         extras: dict[str, Any] = {}
         on_gpu = bool(parameters) and all(p.is_cuda for p in parameters)  # not CPU-offloaded
         # FairScale's and FSDP2's fp16 grad scalers fail inside fused steps (torch 2.11).
-        scaled = self.precision.needs_grad_scaler and self.sharded
+        scaled = self.precision.needs_grad_scaler and self.strategy.sharded
         if on_gpu and not scaled and fused_by_default(optimizer):
             extras["fused"] = True
         return optimizer.construct(params=parameters, **extras)
-
-    def _make_grad_scaler(self) -> Any:
-        return torch.amp.GradScaler(self.device.type)
 
     @property
     def grad_scaler(self) -> Any | None:
@@ -127,10 +116,6 @@ class Engine(TrainingEngine):
         """Optimizer steps the fp16 grad scaler skipped."""
         return self.loss_scaling.skipped_steps
 
-    def _checkpoint_format(self) -> CheckpointFormat:
-        """The layout of this engine's checkpoints: rank 0's file, by default."""
-        return RankFiles()
-
     @property
     def wrapped_model(self) -> ModelWrapper:
         """The :class:`ModelWrapper` inside the engine's wrappers (for its tokenizer and config)."""
@@ -139,36 +124,29 @@ class Engine(TrainingEngine):
     @property
     def accepts_packed_batches(self) -> bool:
         """Whether ``forward_train`` / ``forward_eval`` take packed batches
-        (:func:`~tango_fairscale.data.batches.packed_batch`): where the model's attention does."""
-        return self.wrapped_model.supports_packing
+        (:func:`~tango_fairscale.data.batches.packed_batch`)."""
+        return self.strategy.accepts_packed_batches(self.wrapped_model)
 
     # --- the training step --------------------------------------------------------------------
-
-    def _autocast(self) -> contextlib.AbstractContextManager:
-        return self.precision.forward_context(self.device)
-
-    def _no_sync_context(self) -> contextlib.AbstractContextManager:
-        """Skip gradient synchronisation (for micro-batches before the last)."""
-        no_sync = getattr(self.model, "no_sync", None)
-        return no_sync() if no_sync is not None else contextlib.nullcontext()
 
     def forward_train(
         self, micro_batch: dict[str, Any], micro_batch_idx: int, num_micro_batches: int
     ) -> tuple[torch.Tensor, dict[str, Any]]:
+        self.strategy.check_micro_batch(micro_batch)
         self._check_batch(micro_batch)
         if micro_batch_idx == 0:
             self.optimizer.zero_grad(set_to_none=True)
         if micro_batch_idx < num_micro_batches - 1:
-            self._no_sync.enter_context(self._no_sync_context())
+            self._no_sync.enter_context(self.strategy.no_sync(self.model))
         micro_batch = move_batch(micro_batch, self.device)
-        with self._autocast():
+        with self.precision.forward_context(self.device):
             outputs = self.model(**micro_batch)
         return outputs["loss"] / num_micro_batches, outputs
 
     def forward_eval(self, batch: dict[str, Any]) -> dict[str, Any]:
         self._check_batch(batch)
         batch = move_batch(batch, self.device)
-        with torch.no_grad(), self._autocast():
+        with torch.no_grad(), self.precision.forward_context(self.device):
             return self.model(**batch)
 
     def _check_batch(self, batch: dict[str, Any]) -> None:
@@ -189,10 +167,12 @@ class Engine(TrainingEngine):
     def clip_grad_norm(self) -> torch.Tensor | None:
         if self.max_grad_norm is None:
             return None
-        return torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+        return self.strategy.clip_grad_norm(self.model, self.max_grad_norm)
 
     def step(self) -> None:
-        self.loss_scaling.optimizer_step(self.optimizer, self.clip_grad_norm)
+        self.strategy.optimizer_step(
+            lambda: self.loss_scaling.optimizer_step(self.optimizer, self.clip_grad_norm)
+        )
         # Gradients are not needed again before the next step's first backward: free them now
         # (less memory in validation; FairScale leaves sharded gradients on gathered parameters,
         # which a compiled unit's next forward would refuse).
@@ -200,31 +180,20 @@ class Engine(TrainingEngine):
         if self.lr_scheduler is not None:
             self.lr_scheduler.step()
 
-    # --- state --------------------------------------------------------------------------------
+    # --- state (the strategy's; :mod:`.checkpoint_format` saves and restores it) ----------------
 
     def model_state(self) -> dict[str, torch.Tensor]:
-        """This rank's model state for a checkpoint (the full state when not sharded)."""
-        return self.wrapped_model.state_dict()
+        return self.strategy.model_state(self.model)
 
     def load_model_state(self, state: dict[str, torch.Tensor]) -> None:
-        self.wrapped_model.load_state_dict(state)
+        self.strategy.load_model_state(self.model, state)
 
-    def optimizer_state(self) -> dict[str, Any]:
-        return self.optimizer.state_dict()
-
-    def load_optimizer_state(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state)
+    def model_layout(self) -> dict[str, Any]:
+        return self.strategy.model_layout(self.model)
 
     def full_model_state(self) -> dict[str, torch.Tensor] | None:
         """The complete model state on rank 0 (``None`` elsewhere). Call on every rank."""
-        if self.train_config.worker_id != 0:
-            return None
-        return {k: v.detach().cpu() for k, v in self.wrapped_model.state_dict().items()}
-
-    def model_layout(self) -> dict[str, Any]:
-        """What a rank file carries besides :meth:`model_state` so that the full model can be
-        rebuilt offline from the files (nothing when that state is the full state)."""
-        return {}
+        return self.strategy.full_model_state(self.model)
 
     def save_checkpoint(self, checkpoint_dir: Path, client_state: dict[str, Any]) -> None:
         """Tango's API (``torch::train`` calls it on every rank): write the checkpoint's files and
@@ -254,7 +223,7 @@ class Engine(TrainingEngine):
         torch.save(state, temporary)
         os.replace(temporary, weights_path)
         if not self.train_config.is_distributed and (
-            self.sharded or self.model is not self.wrapped_model
+            self.strategy.sharded or self.model is not self.wrapped_model
         ):
             self.model = consolidate.plain_model(checkpoint_dir, state)
 
@@ -263,12 +232,13 @@ DEFAULT_SHARDING = ShardingConfig()
 
 
 class ShardedEngine(Engine):
-    """Base of the sharded engines (``fairscale``, ``fsdp2``): adds their shared ``sharding`` field.
+    """Base of the sharded engines (``fairscale``, ``fsdp2``): their shared ``sharding`` field,
+    from which each builds its :attr:`strategy_type`.
 
     :param sharding: a :class:`~tango_fairscale.parallel.sharding.ShardingConfig`.
     """
 
-    sharded = True
+    strategy_type: ClassVar[type[ShardedStrategy]]
 
     def __init__(
         self,
@@ -283,25 +253,15 @@ class ShardedEngine(Engine):
         # "Failed to construct argument sharding" (it tries each member of a union).
         sharding: ShardingConfig = DEFAULT_SHARDING,
     ) -> None:
-        self.sharding = sharding or DEFAULT_SHARDING
         super().__init__(
             train_config,
             model,
             optimizer,
+            type(self).strategy_type(sharding or DEFAULT_SHARDING),
             lr_scheduler=lr_scheduler,
             precision=precision,
             max_grad_norm=max_grad_norm,
         )
-
-
-def unwrap(model: torch.nn.Module) -> ModelWrapper:
-    """Peel DDP / FSDP / flatten wrappers off ``model`` down to the :class:`ModelWrapper`."""
-    while not isinstance(model, ModelWrapper):
-        inner = getattr(model, "module", None)
-        if not isinstance(inner, torch.nn.Module):
-            raise TypeError(f"no ModelWrapper inside {type(model).__name__}")
-        model = inner
-    return model
 
 
 def fused_by_default(optimizer: Lazy[Optimizer]) -> bool:

@@ -11,7 +11,7 @@ from fairscale.nn.checkpoint import checkpoint_wrapper
 from fairscale.nn.data_parallel import FullyShardedDataParallel as FSDP
 from fairscale.optim.grad_scaler import ShardedGradScaler
 from tango.common.exceptions import ConfigurationError
-from tango.integrations.torch import Model, TrainingEngine
+from tango.integrations.torch import TrainingEngine
 
 from ..compat import fairscale as fairscale_fixes
 from ..model.causal_lm import ModelWrapper
@@ -19,11 +19,104 @@ from .checkpoint_format import CheckpointFormat
 from .engine import ShardedEngine
 from .rank_files import RankFiles
 from .sharding import apply_sharding, selected_units
+from .strategy import Placement, ShardedStrategy
+
+
+class FairScaleStrategy(ShardedStrategy):
+    """FairScale FSDP on the selected units and the root: each rank holds and saves its own
+    shards (with FairScale's layout, from which export rebuilds the full state); the full model
+    is gathered for export."""
+
+    def setup(self, placement: Placement) -> None:
+        if placement.precision.name == "bf16-true":
+            raise ConfigurationError(
+                "the fairscale engine keeps fp32 master weights; use 'bf16-mixed' instead of "
+                "'bf16-true' (or engine 'ddp' / 'fsdp2' for pure bf16)"
+            )
+        if self.sharding.hybrid_shard:
+            raise ConfigurationError(
+                "sharding.hybrid_shard is supported by the fsdp2 engine only; "
+                "remove it or use fsdp2"
+            )
+        super().setup(placement)
+
+    def wrap(self, model: ModelWrapper) -> torch.nn.Module:
+        fairscale_fixes.patch_fairscale_for_cpu()
+        if dist.get_backend() == "gloo":
+            fairscale_fixes.use_list_collectives_for_gloo()
+        # Weights loaded from safetensors live in memory-mapped, fixed-size storage, which
+        # FairScale frees by resizing to zero: give such parameters storage of their own.
+        for parameter in model.parameters():
+            if not parameter.untyped_storage().resizable():
+                parameter.data = parameter.data.clone()
+        units, checkpointed = selected_units(model, self.sharding)
+        check_checkpointed_units(units, checkpointed)
+        return apply_sharding(
+            model,
+            units,
+            checkpointed,
+            checkpoint=checkpoint_wrapper,
+            shard=self._fsdp,
+            compile=self.sharding.compile,
+        )
+
+    def _fsdp(self, module: torch.nn.Module) -> FSDP:
+        precision, device = self.placement.precision, self.placement.device
+        offload = self.sharding.cpu_offload
+        return FSDP(
+            module if offload else module.to(device),
+            # The job's own group (FairScale would make new ones, without its timeout).
+            process_group=dist.group.WORLD,
+            process_group_reduce_scatter=ProcessGroupName.default,
+            reshard_after_forward=self.sharding.reshard_after_forward,
+            flatten_parameters=self.sharding.flatten_parameters,
+            mixed_precision=precision.mixed,
+            compute_dtype=precision.compute_dtype if precision.mixed else None,
+            buffer_dtype=torch.float32,
+            fp32_reduce_scatter=precision.mixed,  # also keeps world-size-1 gradients fp32 (fix 6)
+            move_params_to_cpu=offload,
+            move_grads_to_cpu=offload,
+            compute_device=device,
+            state_dict_device=torch.device("cpu"),
+        )
+
+    def grad_scaler(self) -> Any:
+        return ShardedGradScaler()
+
+    def checkpoint_format(self) -> CheckpointFormat:
+        return RankFiles(sharded=True, reshards=False)  # every rank's shards, FairScale's layout
+
+    def no_sync(self, model: FSDP) -> Any:
+        return model.no_sync()
+
+    def clip_grad_norm(self, model: FSDP, max_norm: float) -> torch.Tensor:
+        return fairscale_fixes.clip_grad_norm_(model, max_norm)
+
+    def model_state(self, model: FSDP) -> dict[str, torch.Tensor]:
+        return model.local_state_dict()
+
+    def model_layout(self, model: FSDP) -> dict[str, Any]:
+        # FairScale's own record of which parameters each flat shard holds (names, shapes,
+        # padding): with it, consolidation needs neither the job nor the sharding config.
+        return {
+            "model_metadata": model.local_metadata_dict(),
+            "world_size": self.placement.job.world_size,
+        }
+
+    def load_model_state(self, model: FSDP, state: dict[str, torch.Tensor]) -> None:
+        fairscale_fixes.load_local_state_dict(model, state)
+
+    def full_model_state(self, model: FSDP) -> dict[str, torch.Tensor] | None:
+        state = model.state_dict()  # gathers every unit: all ranks take part
+        if self.placement.job.worker_id != 0:
+            return None
+        return {key: value.detach().cpu().clone() for key, value in state.items()}
 
 
 @TrainingEngine.register("tango_fairscale::fairscale")
 class FairScaleEngine(ShardedEngine):
-    """FairScale FSDP with regex-selected units, mixed precision, checkpointing and CPU offload.
+    """FairScale FSDP with regex-selected units, mixed precision, checkpointing and CPU offload
+    (:class:`FairScaleStrategy`).
 
     Registered as a Tango ``TrainingEngine`` under the name ``"tango_fairscale::fairscale"``.
 
@@ -41,99 +134,7 @@ class FairScaleEngine(ShardedEngine):
                  optimizer: {type: "torch::AdamW", lr: 1e-5}}
     """
 
-    def _check_options(self) -> None:
-        if self.precision.name == "bf16-true":
-            raise ConfigurationError(
-                "the fairscale engine keeps fp32 master weights; use 'bf16-mixed' instead of "
-                "'bf16-true' (or engine 'ddp' / 'fsdp2' for pure bf16)"
-            )
-        if self.sharding.hybrid_shard:
-            raise ConfigurationError(
-                "sharding.hybrid_shard is supported by the fsdp2 engine only; "
-                "remove it or use fsdp2"
-            )
-
-    def _wrap_model(self, model: ModelWrapper) -> Model:
-        fairscale_fixes.patch_fairscale_for_cpu()
-        if dist.get_backend() == "gloo":
-            fairscale_fixes.use_list_collectives_for_gloo()
-        config = self.sharding
-        # Weights loaded from safetensors live in memory-mapped, fixed-size storage, which
-        # FairScale frees by resizing to zero: give such parameters storage of their own.
-        for parameter in model.parameters():
-            if not parameter.untyped_storage().resizable():
-                parameter.data = parameter.data.clone()
-        units, checkpointed = selected_units(model, config)
-        check_checkpointed_units(units, checkpointed)
-        return apply_sharding(  # type: ignore[return-value]
-            model,
-            units,
-            checkpointed,
-            checkpoint=checkpoint_wrapper,
-            shard=self._fsdp,
-            compile=config.compile,
-        )
-
-    def _fsdp(self, module: torch.nn.Module) -> FSDP:
-        mixed = self.precision.mixed
-        offload = self.sharding.cpu_offload
-        return FSDP(
-            module if offload else module.to(self.device),
-            # The job's own group (FairScale would make new ones, without its timeout).
-            process_group=dist.group.WORLD,
-            process_group_reduce_scatter=ProcessGroupName.default,
-            reshard_after_forward=self.sharding.reshard_after_forward,
-            flatten_parameters=self.sharding.flatten_parameters,
-            mixed_precision=mixed,
-            compute_dtype=self.precision.compute_dtype if mixed else None,
-            buffer_dtype=torch.float32,
-            fp32_reduce_scatter=mixed,  # also keeps world-size-1 gradients fp32 (fix 6)
-            move_params_to_cpu=offload,
-            move_grads_to_cpu=offload,
-            compute_device=self.device,
-            state_dict_device=torch.device("cpu"),
-        )
-
-    def _make_grad_scaler(self) -> Any:
-        return ShardedGradScaler()
-
-    def _checkpoint_format(self) -> CheckpointFormat:
-        return RankFiles(sharded=True, reshards=False)  # every rank's shards, FairScale's layout
-
-    @property
-    def fsdp(self) -> FSDP:
-        assert isinstance(self.model, FSDP)
-        return self.model
-
-    def _no_sync_context(self) -> Any:
-        return self.fsdp.no_sync()
-
-    def clip_grad_norm(self) -> torch.Tensor | None:
-        if self.max_grad_norm is None:
-            return None
-        return fairscale_fixes.clip_grad_norm_(self.fsdp, self.max_grad_norm)
-
-    # --- state: each rank saves its own shards; the full model is gathered for export ----------
-
-    def model_state(self) -> dict[str, torch.Tensor]:
-        return self.fsdp.local_state_dict()
-
-    def model_layout(self) -> dict[str, Any]:
-        # FairScale's own record of which parameters each flat shard holds (names, shapes,
-        # padding): with it, consolidation needs neither the job nor the sharding config.
-        return {
-            "model_metadata": self.fsdp.local_metadata_dict(),
-            "world_size": self.train_config.world_size,
-        }
-
-    def load_model_state(self, state: dict[str, torch.Tensor]) -> None:
-        fairscale_fixes.load_local_state_dict(self.fsdp, state)
-
-    def full_model_state(self) -> dict[str, torch.Tensor] | None:
-        state = self.fsdp.state_dict()  # gathers every unit: all ranks take part
-        if self.train_config.worker_id != 0:
-            return None
-        return {key: value.detach().cpu().clone() for key, value in state.items()}
+    strategy_type = FairScaleStrategy
 
 
 def check_checkpointed_units(units: list[str], checkpointed: list[str]) -> None:

@@ -10,7 +10,7 @@ from typing import Any, cast
 
 import torch
 from tango.common.exceptions import ConfigurationError
-from tango.integrations.torch import Model, TrainingEngine
+from tango.integrations.torch import TrainingEngine
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
@@ -21,8 +21,81 @@ from .checkpoint_format import CheckpointFormat
 from .distributed_checkpoint import DistributedCheckpoint
 from .engine import ShardedEngine
 from .sharding import apply_sharding, selected_units
+from .strategy import ShardedStrategy
 
 logger = logging.getLogger(__name__)
+
+
+class FSDP2Strategy(ShardedStrategy):
+    """torch FSDP2: ``fully_shard`` on each selected unit and the root, parameters as DTensors;
+    checkpoints through ``torch.distributed.checkpoint`` (:class:`DistributedCheckpoint`)."""
+
+    def wrap(self, model: ModelWrapper) -> torch.nn.Module:
+        config, device = self.sharding, self.placement.device
+        units, checkpointed = selected_units(model, config)
+        options: dict[str, Any] = {
+            "reshard_after_forward": config.reshard_after_forward,
+            "mp_policy": self._mixed_precision_policy(),
+        }
+        if config.hybrid_shard:
+            options["mesh"] = self._hybrid_mesh()
+        if config.cpu_offload:
+            options["offload_policy"] = CPUOffloadPolicy(pin_memory=device.type == "cuda")
+        else:
+            model = model.to(device)
+        return apply_sharding(
+            model,
+            units,
+            checkpointed,
+            checkpoint=checkpoint_wrapper,
+            shard=lambda module: cast(torch.nn.Module, fully_shard(module, **options)),
+            compile=config.compile,
+        )
+
+    def _hybrid_mesh(self) -> DeviceMesh:
+        """``(nodes, processes per node)``: shard along the second dimension, replicate along
+        the first."""
+        world_size = self.placement.job.world_size
+        # The launcher's processes per node; one node holds every process without a launcher.
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        if world_size % per_node:
+            raise ConfigurationError(
+                f"sharding.hybrid_shard needs the same number of processes on every node; "
+                f"{world_size} processes do not split into nodes of {per_node}"
+            )
+        shape = (world_size // per_node, per_node)
+        logger.info("hybrid sharding: %d replica(s) x %d shard(s)", *shape)
+        device_type = self.placement.device.type
+        return init_device_mesh(device_type, shape, mesh_dim_names=("replicate", "shard"))
+
+    def _mixed_precision_policy(self) -> MixedPrecisionPolicy:
+        precision = self.placement.precision
+        if not precision.mixed:
+            return MixedPrecisionPolicy()
+        return MixedPrecisionPolicy(param_dtype=precision.compute_dtype, reduce_dtype=torch.float32)
+
+    def grad_scaler(self) -> Any:
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        return ShardedGradScaler()
+
+    def no_sync(self, model: FSDPModule) -> contextlib.AbstractContextManager:
+        return _gradient_sync(model, enabled=False)
+
+    def clip_grad_norm(self, model: torch.nn.Module, max_norm: float) -> torch.Tensor:
+        # Gradients are DTensors: the norm is reduced over the shards by DTensor itself.
+        total = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        return total.full_tensor() if hasattr(total, "full_tensor") else total
+
+    def checkpoint_format(self) -> CheckpointFormat:
+        return DistributedCheckpoint()  # resharded on load; the model's state through DCP's API
+
+    def full_model_state(self, model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state = get_model_state_dict(model, options=options)  # all ranks take part
+        if self.placement.job.worker_id != 0:
+            return None
+        return {key: value for key, value in state.items() if isinstance(value, torch.Tensor)}
 
 
 @TrainingEngine.register("tango_fairscale::fsdp2")
@@ -50,82 +123,7 @@ class FSDP2Engine(ShardedEngine):
                  optimizer: {type: "torch::AdamW", lr: 1e-5}}
     """
 
-    def _wrap_model(self, model: ModelWrapper) -> Model:
-        config = self.sharding
-        units, checkpointed = selected_units(model, config)
-        offload = config.cpu_offload
-        options: dict[str, Any] = {
-            "reshard_after_forward": config.reshard_after_forward,
-            "mp_policy": self._mixed_precision_policy(),
-        }
-        if config.hybrid_shard:
-            options["mesh"] = self._hybrid_mesh()
-        if offload:
-            options["offload_policy"] = CPUOffloadPolicy(pin_memory=self.device.type == "cuda")
-        else:
-            model = model.to(self.device)
-        return apply_sharding(  # type: ignore[return-value]
-            model,
-            units,
-            checkpointed,
-            checkpoint=checkpoint_wrapper,
-            shard=lambda module: cast(torch.nn.Module, fully_shard(module, **options)),
-            compile=config.compile,
-        )
-
-    def _hybrid_mesh(self) -> DeviceMesh:
-        """``(nodes, processes per node)``: shard along the second dimension, replicate along
-        the first."""
-        world_size = self.train_config.world_size
-        # The launcher's processes per node; one node holds every process without a launcher.
-        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-        if world_size % per_node:
-            raise ConfigurationError(
-                f"sharding.hybrid_shard needs the same number of processes on every node; "
-                f"{world_size} processes do not split into nodes of {per_node}"
-            )
-        shape = (world_size // per_node, per_node)
-        logger.info("hybrid sharding: %d replica(s) x %d shard(s)", *shape)
-        return init_device_mesh(self.device.type, shape, mesh_dim_names=("replicate", "shard"))
-
-    def _mixed_precision_policy(self) -> MixedPrecisionPolicy:
-        if not self.precision.mixed:
-            return MixedPrecisionPolicy()
-        return MixedPrecisionPolicy(
-            param_dtype=self.precision.compute_dtype, reduce_dtype=torch.float32
-        )
-
-    def _make_grad_scaler(self) -> Any:
-        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-
-        return ShardedGradScaler()
-
-    @property
-    def fsdp(self) -> FSDPModule:
-        assert isinstance(self.model, FSDPModule)
-        return self.model
-
-    def _no_sync_context(self) -> contextlib.AbstractContextManager:
-        return _gradient_sync(self.fsdp, enabled=False)
-
-    def clip_grad_norm(self) -> torch.Tensor | None:
-        if self.max_grad_norm is None:
-            return None
-        # Gradients are DTensors: the norm is reduced over the shards by DTensor itself.
-        total = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
-        return total.full_tensor() if hasattr(total, "full_tensor") else total
-
-    # --- state: torch.distributed.checkpoint, resharded on load -----------------------------------
-
-    def _checkpoint_format(self) -> CheckpointFormat:
-        return DistributedCheckpoint()
-
-    def full_model_state(self) -> dict[str, torch.Tensor] | None:
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        state = get_model_state_dict(self.model, options=options)  # all ranks take part
-        if self.train_config.worker_id != 0:
-            return None
-        return {key: value for key, value in state.items() if isinstance(value, torch.Tensor)}
+    strategy_type = FSDP2Strategy
 
 
 @contextlib.contextmanager

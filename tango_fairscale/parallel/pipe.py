@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -26,6 +27,7 @@ from ..model.causal_lm import ModelWrapper
 from ..model.loss import loss_outputs
 from ..model.stages import StagePrecision, TiedWeight, auto_balance, build_stages, num_layers
 from .engine import Engine
+from .strategy import Strategy
 
 CHECKPOINT_MODES = ("never", "always", "except_last")
 
@@ -87,6 +89,96 @@ class PipelinedModel(nn.Module):
         inputs = (input_ids[:, :-1].to(first), labels[:, 1:].to(first))
         outputs = self.pipe(inputs)
         return loss_outputs(*(tensor.to(self.output_device) for tensor in outputs))
+
+
+class PipeStrategy(Strategy):
+    """FairScale ``Pipe`` over ``devices`` (see :class:`PipeEngine` for the keys): the whole model
+    in one process, so rank 0's file and :class:`Strategy`'s state; a tied head's mirror merged
+    around each step and refreshed after each load."""
+
+    def __init__(
+        self, balance: list[int] | None, chunks: int, checkpoint: str, devices: list[str] | None
+    ) -> None:
+        positive_int("chunks", chunks)
+        one_of("checkpoint", checkpoint, CHECKPOINT_MODES)
+        if balance is not None and (
+            not isinstance(balance, list)
+            or not balance
+            or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in balance)
+        ):
+            raise ConfigurationError(
+                f"balance must be a list of positive layer counts per stage (or null), "
+                f"got {balance!r}"
+            )
+        self.devices = resolve_devices(devices)
+        if balance is not None and len(balance) > len(self.devices):
+            raise ConfigurationError(
+                f"balance {balance} has {len(balance)} stages but devices has only "
+                f"{len(self.devices)} ({', '.join(map(str, self.devices))}); add devices or use "
+                "fewer stages"
+            )
+        self.balance = balance
+        self.chunks = chunks
+        self.checkpoint = checkpoint
+        self.tied: TiedWeight | None = None
+        self.stage_devices: list[torch.device] = []  # once wrapped: one per stage
+
+    def wrap(self, model: ModelWrapper) -> torch.nn.Module:
+        layers = num_layers(model.model)  # refuses models it cannot split
+        if self.balance is None:
+            self.balance = auto_balance(model.model, len(self.devices))
+        elif sum(self.balance) != layers:
+            raise ConfigurationError(
+                f"balance {self.balance} sums to {sum(self.balance)} but the model has {layers} "
+                f"decoder layers; make the entries sum to {layers}"
+            )
+        self.stage_devices = devices = self.devices[: len(self.balance)]
+        precision = StagePrecision(
+            self.placement.precision.compute_dtype, self.placement.precision.mixed
+        )
+        stages = build_stages(
+            model.model, self.balance, devices[-1], precision, model.logit_transform
+        )
+        # Pipe moves each stage's modules (the wrapper's own modules) to its device.
+        with warnings.catch_warnings():
+            # "upstreamed to torch.distributed.pipeline.sync": that module is gone from torch.
+            warnings.filterwarnings("ignore", "fairscale.nn.Pipe has been upstreamed")
+            pipe = Pipe(
+                stages.stages,
+                balance=[1] * len(stages.stages),
+                devices=devices,
+                chunks=self.chunks,
+                checkpoint=self.checkpoint,
+            )
+        pipe.pipeline.__class__ = _Pipeline
+        self.tied = stages.tied
+        if self.tied is not None:
+            self.tied.sync()
+        return PipelinedModel(model, pipe, self.placement.device, self.tied)
+
+    def accepts_packed_batches(self, model: ModelWrapper) -> bool:
+        # Pipe cuts batches into micro-batches of rows; packed rows would tie them together.
+        return False
+
+    def check_micro_batch(self, batch: dict[str, Any]) -> None:
+        rows = len(batch["input_ids"])
+        if rows < self.chunks:
+            raise ConfigurationError(
+                f"chunks={self.chunks} exceeds the {rows} examples of each micro-batch "
+                f"(batch_size / (device_count × grad_accum)); set chunks to at most {rows}"
+            )
+
+    def optimizer_step(self, step: Callable[[], None]) -> None:
+        if self.tied is not None:
+            self.tied.merge_grads()  # before unscaling, clipping and the update
+        step()
+        if self.tied is not None:
+            self.tied.sync()
+
+    def load_model_state(self, model: Any, state: dict[str, torch.Tensor]) -> None:
+        super().load_model_state(model, state)
+        if self.tied is not None:
+            self.tied.sync()
 
 
 @TrainingEngine.register("tango_fairscale::pipe")
@@ -152,104 +244,15 @@ class PipeEngine(Engine):
         devices: list[str] | None = None,
     ) -> None:
         self.check_world_size(train_config.world_size)
-        positive_int("chunks", chunks)
-        one_of("checkpoint", checkpoint, CHECKPOINT_MODES)
-        if balance is not None and (
-            not isinstance(balance, list)
-            or not balance
-            or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in balance)
-        ):
-            raise ConfigurationError(
-                f"balance must be a list of positive layer counts per stage (or null), "
-                f"got {balance!r}"
-            )
-        self.devices = resolve_devices(devices)
-        if balance is not None and len(balance) > len(self.devices):
-            raise ConfigurationError(
-                f"balance {balance} has {len(balance)} stages but devices has only "
-                f"{len(self.devices)} ({', '.join(map(str, self.devices))}); add devices or use "
-                "fewer stages"
-            )
-        self.balance = balance
-        self.chunks = chunks
-        self.checkpoint = checkpoint
-        self.tied: TiedWeight | None = None
         super().__init__(
             train_config,
             model,
             optimizer,
+            PipeStrategy(balance, chunks, checkpoint, devices),
             lr_scheduler=lr_scheduler,
             precision=precision,
             max_grad_norm=max_grad_norm,
         )
-
-    def _wrap_model(self, model: ModelWrapper) -> Model:
-        layers = num_layers(model.model)  # refuses models it cannot split
-        if self.balance is None:
-            self.balance = auto_balance(model.model, len(self.devices))
-        elif sum(self.balance) != layers:
-            raise ConfigurationError(
-                f"balance {self.balance} sums to {sum(self.balance)} but the model has {layers} "
-                f"decoder layers; make the entries sum to {layers}"
-            )
-        devices = self.devices[: len(self.balance)]
-        precision = StagePrecision(self.precision.compute_dtype, self.precision.mixed)
-        stages = build_stages(
-            model.model, self.balance, devices[-1], precision, model.logit_transform
-        )
-        # Pipe moves each stage's modules (the wrapper's own modules) to its device.
-        with warnings.catch_warnings():
-            # "upstreamed to torch.distributed.pipeline.sync": that module is gone from torch.
-            warnings.filterwarnings("ignore", "fairscale.nn.Pipe has been upstreamed")
-            pipe = Pipe(
-                stages.stages,
-                balance=[1] * len(stages.stages),
-                devices=devices,
-                chunks=self.chunks,
-                checkpoint=self.checkpoint,
-            )
-        pipe.pipeline.__class__ = _Pipeline
-        self.tied = stages.tied
-        if self.tied is not None:
-            self.tied.sync()
-        return PipelinedModel(model, pipe, self.device, self.tied)  # type: ignore[return-value]
-
-    @property
-    def stage_devices(self) -> list[torch.device]:
-        return list(self._pipelined.pipe.devices)
-
-    @property
-    def accepts_packed_batches(self) -> bool:
-        # Pipe cuts batches into micro-batches of rows; packed rows would tie them together.
-        return False
-
-    @property
-    def _pipelined(self) -> PipelinedModel:
-        assert isinstance(self.model, PipelinedModel)
-        return self.model
-
-    def forward_train(
-        self, micro_batch: dict[str, Any], micro_batch_idx: int, num_micro_batches: int
-    ) -> tuple[torch.Tensor, dict[str, Any]]:
-        rows = len(micro_batch["input_ids"])
-        if rows < self.chunks:
-            raise ConfigurationError(
-                f"chunks={self.chunks} exceeds the {rows} examples of each micro-batch "
-                f"(batch_size / (device_count × grad_accum)); set chunks to at most {rows}"
-            )
-        return super().forward_train(micro_batch, micro_batch_idx, num_micro_batches)
-
-    def step(self) -> None:
-        if self.tied is not None:
-            self.tied.merge_grads()  # before unscaling, clipping and the update
-        super().step()
-        if self.tied is not None:
-            self.tied.sync()
-
-    def load_model_state(self, state: dict[str, torch.Tensor]) -> None:
-        super().load_model_state(state)
-        if self.tied is not None:
-            self.tied.sync()
 
 
 def resolve_devices(devices: list[str] | None) -> list[torch.device]:

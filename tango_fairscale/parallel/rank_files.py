@@ -57,7 +57,7 @@ class RankFiles(CheckpointFormat):
         return {
             "model": owner.model_state(),
             **owner.model_layout(),
-            "optimizer": owner.optimizer_state(),
+            "optimizer": owner.optimizer.state_dict(),
             **trainer_state(owner, client_state),
             "checkpoint": identity.as_dict(),
         }
@@ -88,7 +88,7 @@ class RankFiles(CheckpointFormat):
         rank = owner.train_config.worker_id if self.sharded else 0
         state = read_rank_file(directory, rank, manifest.identity)
         owner.load_model_state(state["model"])
-        owner.load_optimizer_state(state["optimizer"])
+        owner.optimizer.load_state_dict(state["optimizer"])
         return restore_trainer_state(owner, state)
 
     def full_state(self, directory: Path, manifest: Manifest) -> dict[str, torch.Tensor]:

@@ -272,6 +272,6 @@ def test_automatic_balance(tmp_path, tiny_model_dir) -> None:
     """balance null: by parameter count (tests/model/test_stages.py) over the default devices,
     two CPU stages."""
     built = engine(tmp_path, tiny_model_dir)
-    assert built.balance == [1, 1]
-    assert built.stage_devices == [torch.device("cpu")] * 2
+    assert built.strategy.balance == [1, 1]
+    assert built.strategy.stage_devices == [torch.device("cpu")] * 2
     assert built.wrapped_model is built.model.module
