@@ -111,15 +111,31 @@ def multinode_figure(data: dict[str, Any]) -> str:
 
 
 def lm_eval_speed_figure(data: dict[str, Any]) -> str:
-    parts = [
-        f"{suite}: scoring {ratio['scoring']:.1f}x lm-eval's requests/s, command "
-        f"{ratio['command']:.1f}x faster"
-        for suite, ratio in (data.get("ratios") or {}).items()
-    ]
+    parts = [_lm_eval_ratio(suite, ratio) for suite, ratio in (data.get("ratios") or {}).items()]
     # A suite that ran without a ratio: one of the tools gave no rate.
     missing = sorted({run["suite"] for run in data.get("runs", [])} - set(data.get("ratios") or {}))
     parts += [f"{suite}: no same-run ratio" for suite in missing]
     return "; ".join(parts) or "no comparison measured"
+
+
+def _lm_eval_ratio(suite: str, ratio: dict[str, Any]) -> str:
+    """One suite's ratios: issue 33's (each figure a dict) or the earlier two numbers."""
+    if not isinstance(ratio.get("scoring", 0.0), dict):
+        return (
+            f"{suite}: scoring {ratio['scoring']:.1f}x lm-eval's requests/s, command "
+            f"{ratio['command']:.1f}x faster"
+        )
+    names = {
+        "scoring": ("scoring", "package_over_lm_eval"),
+        "command_first_model": ("command", "lm_eval_over_package"),
+        "command_second_model": ("second model's command", "lm_eval_over_package"),
+    }
+    shown = [
+        f"{names[key][0]} {figure[names[key][1]]:.2f}x (goal {figure['goal']})"
+        for key, figure in ratio.items()
+        if key in names
+    ]
+    return f"{suite}: " + ", ".join(shown)
 
 
 def generation_speed_figure(data: dict[str, Any]) -> str:
