@@ -84,16 +84,7 @@ def packed_batch(
     """
     pieces = [segment_pieces(queries, members) for members in context_groups(queries)]
     sizes = [segment_length(segment) for segment in pieces]
-    order = sorted(range(len(pieces)), key=lambda s: (-sizes[s], s))
-    capacity = max(PACKED_ROW_TOKENS, sizes[order[0]])
-    rows: list[list[int]] = []
-    fill = capacity
-    for index in order:  # next fit: segments come longest first
-        if fill + sizes[index] > capacity:
-            rows.append([])
-            fill = 0
-        rows[-1].append(index)
-        fill += sizes[index]
+    rows = _next_fit_rows(sizes)
     width = max(sum(sizes[s] for s in row) for row in rows)
     width = -(-width // width_multiple) * width_multiple
     # Flat Python lists, one tensor each at the end (building them from tensors per piece, or
@@ -129,6 +120,22 @@ def packed_batch(
         "position_ids": _long_tensor(positions).view(shape),
         "query_ids": _long_tensor(owners).view(shape),
     }
+
+
+def _next_fit_rows(sizes: list[int]) -> list[list[int]]:
+    """The segments of ``sizes`` (their indices) in rows of ``PACKED_ROW_TOKENS`` (or the longest
+    segment's size), longest first, each into the last row if it fits, else into a new one."""
+    order = sorted(range(len(sizes)), key=lambda s: (-sizes[s], s))
+    capacity = max(PACKED_ROW_TOKENS, sizes[order[0]])
+    rows: list[list[int]] = []
+    fill = capacity
+    for index in order:
+        if fill + sizes[index] > capacity:
+            rows.append([])
+            fill = 0
+        rows[-1].append(index)
+        fill += sizes[index]
+    return rows
 
 
 def _long_tensor(values: list[int]) -> torch.Tensor:
