@@ -55,17 +55,23 @@ def test_the_piqa_step_stores_json_not_a_pickle(tmp_path: Path) -> None:
     assert again.splits == result.splits and len(again["validation"]) == 2
 
 
-def test_a_stored_class_name_is_read_as_data(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def planted_class(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: str) -> tuple:
+    """``(entry, marker)``: a Tango ``_dataclass`` entry naming class ``Boom`` of ``module``, an
+    importable module that creates the file ``marker`` when it is imported."""
     modules = tmp_path / "modules"
     modules.mkdir()
     marker = tmp_path / "imported"
-    (modules / "planted_module.py").write_text(
+    (modules / f"{module}.py").write_text(
         f"open({str(marker)!r}, 'w').close()\nclass Boom:\n    def __init__(self, **kw): pass\n"
     )
     monkeypatch.syspath_prepend(str(modules))
-    planted = {"_dataclass": ["planted_module", "Boom"]}
+    return {"_dataclass": [module, "Boom"]}, marker
+
+
+def test_a_stored_class_name_is_read_as_data(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    planted, marker = planted_class(tmp_path, monkeypatch, "planted_module")
     stored = {"splits": {"train": [planted]}, "metadata": planted, "_dataclass": planted}
     (tmp_path / DATA_FILE).write_text(json.dumps(stored))
     read = DatasetDictFormat().read(tmp_path)
@@ -86,14 +92,7 @@ def test_another_shape_is_refused_in_one_line(tmp_path: Path, content: str) -> N
 
 
 def test_stored_requests_are_read_as_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    modules = tmp_path / "modules"
-    modules.mkdir()
-    marker = tmp_path / "imported"
-    (modules / "planted_requests.py").write_text(
-        f"open({str(marker)!r}, 'w').close()\nclass Boom:\n    def __init__(self, **kw): pass\n"
-    )
-    monkeypatch.syspath_prepend(str(modules))
-    planted = {"_dataclass": ["planted_requests", "Boom"]}
+    planted, marker = planted_class(tmp_path, monkeypatch, "planted_requests")
     stored = {"format": 1, "tasks": {"t": planted}, "spec": {"context": "Café  ✓ \n"}}
     RequestsFormat().write(stored, tmp_path)
     assert RequestsFormat().read(tmp_path) == stored
