@@ -221,7 +221,7 @@ class TrainingRun:
         path = self.config.work_dir / FINAL_WEIGHTS if self.plan.final_weights_to_file else None
         state = export_final_weights(self.engine, path, self.is_main)
         self.clock.lap("final")
-        if "first_step" in self.clock.seconds:  # resumed with no step left: nothing to say
+        if "first_step" in self.clock.seconds:  # not when resumed with no step left
             self.log_time_split(step)
         return state
 
@@ -294,14 +294,14 @@ def export_final_weights(
 ) -> dict[str, torch.Tensor] | None:
     """Gather the full model (every rank takes part): rank 0 returns it, or writes it to ``path``
     atomically (and returns ``None``)."""
-    state = engine.full_model_state()
+    state = engine.full_model_state()  # rank 0's; None on every other rank
     if is_main and path is not None:
         assert state is not None
         torch.save(state, path.with_suffix(".tmp"))
         os.replace(path.with_suffix(".tmp"), path)
         state = None
     barrier()
-    return state if is_main else None
+    return state
 
 
 def _every(step: int, interval: int | None) -> bool:
