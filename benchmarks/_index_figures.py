@@ -119,7 +119,7 @@ def lm_eval_speed_figure(data: dict[str, Any]) -> str:
 
 
 def _lm_eval_ratio(suite: str, ratio: dict[str, Any]) -> str:
-    """One suite's ratios: issue 33's (each figure a dict) or the earlier two numbers."""
+    """One suite's ratios: each figure a dict with its goal, or (earlier files) two numbers."""
     if not isinstance(ratio.get("scoring", 0.0), dict):
         return (
             f"{suite}: scoring {ratio['scoring']:.1f}x lm-eval's requests/s, command "

@@ -32,7 +32,7 @@
 #@ max-model | 1 | 540 | largest model that trains 10 steps: >= 6B on one H200, >= 12B on two
 #@ pipe | 2 | 300 | pipe engine over two GPUs against one: throughput, memory per device, the bubble
 #@ multinode | 2 | 540 | two torchrun "nodes" end bit-identical to the single-node run (fsdp2, hybrid_shard, fairscale)
-#@ lm-eval | 1 | 400 | issue 33: the whole command <= 1/4 of lm-eval hf bf16 at its best batch size (64, 256, auto), a second model <= 1/10 of lm-eval's --cache_requests rerun, scoring >= 3x; PIQA eval-only through tango run
+#@ lm-eval | 1 | 400 | the whole command <= 1/4 of lm-eval hf bf16 at its best batch size (64, 256, auto), a second model <= 1/10 of lm-eval's --cache_requests rerun, scoring >= 3x; PIQA eval-only through tango run
 #@ generation | 1 | 420 | the package's generate_until >= 3x lm-eval's HF backend (generated tokens/s, bf16), GSM8K-shaped: 2,000 prompts x 256 new tokens; whole commands
 #@ torch-train | 1 | 200 | Tango's torch::train with the fsdp2 engine (bf16-mixed) next to tango_fairscale::train: tokens/s
 # Groups: train-synthetic = train-synthetic-124m train-synthetic-1.5b.

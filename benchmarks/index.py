@@ -76,8 +76,9 @@ EARLIER: dict[str, dict[str, str | None]] = {
     "precision_h200_ws1": {"suite": "precision"},
     "startup_probe_h200_afe755f": {
         "suite": None,
-        "target": "evidence (issue 32's start-up): a training process's start-up piece by piece, "
-        "the first forward 7.1 s with the compiled loss, 2.2 s with it eager below 4,096 tokens",
+        "target": "evidence (the main job's start-up): a training process's start-up, piece by "
+        "piece; the first forward 7.1 s with the compiled loss, 2.2 s with it eager below 4,096 "
+        "tokens",
     },
     "profile_main_job_h200_1686201": {
         "suite": "profile-main-job",

@@ -179,7 +179,7 @@ def lm_eval_rate(output: str) -> float | None:
 
 
 def ratios(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Issue 33's figures for one suite's ``runs``: lm-eval's best whole command over the
+    """The target figures of one suite's ``runs``: lm-eval's best whole command over the
     package's (first model: a fresh workspace; second model: requests cached, against lm-eval's
     second model with ``--cache_requests true``) and the scoring rates' ratio."""
     done = [r for r in runs if r["exit_code"] == 0]
