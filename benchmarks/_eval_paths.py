@@ -58,6 +58,7 @@ def run_scoring(
     """Both choices' log-likelihoods of every example (``32-true`` or ``bf16-mixed``)."""
     import torch
 
+    from tango_fairscale.evaluation.call import EvalOptions
     from tango_fairscale.evaluation.scoring import score_queries
 
     if precision not in ("32-true", "bf16-mixed"):
@@ -67,10 +68,10 @@ def run_scoring(
     # no_grad, not inference_mode: autocast caches its casts of the weights only under no_grad.
     autocast = torch.autocast(device.type, torch.bfloat16, enabled=precision == "bf16-mixed")
     with torch.no_grad(), autocast:
+        sizes = EvalOptions(batch_size, max_batch_tokens, packed=pack_sequences, progress=False)
         scores = score_queries(
-            lambda batch: model(**batch), queries, batch_size=batch_size,
-            pad_token_id=model.pad_token_id, device=device, max_batch_tokens=max_batch_tokens,
-            packed=pack_sequences, progress=False,
+            lambda batch: model(**batch), queries, sizes, pad_token_id=model.pad_token_id,
+            device=device,
         )  # fmt: skip
     return _piqa.loglikelihoods(scores)
 
@@ -85,12 +86,14 @@ def score(model: Any, queries: list[Any], batch_size: int, device: Any) -> list[
     """``score_queries`` on pre-tokenized queries: collate + copy + forward + ``.cpu()``."""
     import torch
 
+    from tango_fairscale.evaluation.call import EvalOptions
     from tango_fairscale.evaluation.scoring import score_queries
 
     with torch.no_grad():
+        sizes = EvalOptions(batch_size, max_batch_tokens=None, progress=False)
         scores = score_queries(
-            lambda batch: model(**batch), queries, batch_size=batch_size,
-            pad_token_id=model.pad_token_id, device=device, progress=False,
+            lambda batch: model(**batch), queries, sizes, pad_token_id=model.pad_token_id,
+            device=device,
         )  # fmt: skip
     return _piqa.loglikelihoods(scores)
 

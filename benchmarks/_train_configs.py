@@ -144,12 +144,12 @@ def engine_params(spec: dict[str, Any]) -> dict[str, Any]:
     }
     if spec["engine"] == "pipe":
         # One process drives every stage; balance automatic unless the config names one.
-        params.update(
-            devices=spec["pipe_devices"],
-            chunks=spec["pipe"]["chunks"],
-            checkpoint=spec["pipe"]["checkpoint"],
-            balance=spec["pipe"]["balance"],
-        )
+        params["pipe"] = {
+            "devices": spec["pipe_devices"],
+            "chunks": spec["pipe"]["chunks"],
+            "checkpoint": spec["pipe"]["checkpoint"],
+            "balance": spec["pipe"]["balance"],
+        }
     elif spec["engine"] != "ddp":
         params["sharding"] = dict(spec["sharding"])
     elif "compile" in modifiers:

@@ -94,6 +94,7 @@ def run_once(args: argparse.Namespace, precision: str, dataset_dict: Any) -> dic
 
     from tango_fairscale.model.causal_lm import ModelWrapper
     from tango_fairscale.tasks.lm_eval import TaskSpec
+    from tango_fairscale.train.plan import TrainRuntime
     from tango_fairscale.train.step import TrainStep  # the one place a step is imported here
 
     workspace_dir = Path(tempfile.mkdtemp(prefix=f"precision-{precision}-", dir=args.work_dir))
@@ -119,10 +120,10 @@ def run_once(args: argparse.Namespace, precision: str, dataset_dict: Any) -> dic
         train_steps=args.steps,
         batch_size=args.batch_size,
         seed=args.seed,
-        device_count=args.world_size,
         validate_every=args.validate_every,
-        checkpoint_every=args.steps,
-        log_every=1,
+        runtime=TrainRuntime(
+            device_count=args.world_size, checkpoint_every=args.steps, log_every=1
+        ),
     )
     started = time.perf_counter()
     try:

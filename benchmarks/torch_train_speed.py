@@ -110,7 +110,7 @@ def main() -> None:
     tango = [sys.executable, "-m", "tango", "--file-friendly-logging", "run"]
     if args.profile is not None:
         args.profile.mkdir(parents=True, exist_ok=True)
-    padded = '{"steps.trained_model.pack_sequences": false}'
+    padded = '{"steps.trained_model.runtime.pack_sequences": false}'
     commands = {
         "torch::train": [*tango, "examples/torch_train_fairscale.jsonnet", "-i",
                          "examples/torch_train_piqa.py", "-w", str(args.work / "ws-torch")],

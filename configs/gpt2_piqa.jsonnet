@@ -70,13 +70,15 @@ local piqa = { name: 'piqa', dataset: ref('piqa') };
       train_steps: train_steps,
       batch_size: int('batch_size'),
       seed: int('seed'),
-      device_count: int('device_count'),
       validate_every: int('validate_every'),
-      log_every: int('log_every'),
-      // Speed only (not in the cache key): queries packed end to end instead of padded rows
-      // where the model takes packed batches (null); padded under the pipe engine and for
-      // models such as Bloom.
-      pack_sequences: null,
+      // How the run is carried out, not what it trains (not in the step's cache key). Packed:
+      // queries end to end instead of padded rows where the model takes packed batches (null);
+      // padded under the pipe engine and for models such as Bloom.
+      runtime: {
+        device_count: int('device_count'),
+        log_every: int('log_every'),
+        pack_sequences: null,
+      },
     },
     // lm-eval's requests of the `piqa` task, built once: another model scored on the same
     // files in this workspace takes them from the cache.

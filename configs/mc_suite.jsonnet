@@ -73,10 +73,12 @@ local reads_piqa = std.member(names, 'piqa') || (train_steps > 0 && std.extVar('
       train_steps: train_steps,
       batch_size: variables.int('batch_size'),
       seed: variables.int('seed'),
-      device_count: variables.int('device_count'),
       validate_every: variables.int('validate_every'),
-      log_every: variables.int('log_every'),
-      pack_sequences: null,  // packed where the engine's model takes packed batches
+      runtime: {  // how the run is carried out (not in the step's cache key)
+        device_count: variables.int('device_count'),
+        log_every: variables.int('log_every'),
+        pack_sequences: null,  // packed where the engine's model takes packed batches
+      },
     },
   } + {
     // lm-eval's requests of each task, built once: every model scored on the task in this

@@ -31,6 +31,13 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def integer(name: str, value: Any) -> int:
+    """``value`` if it is an integer (``true`` and ``false`` are not)."""
+    if not _is_int(value):
+        raise ConfigurationError(f"{name} must be an integer, got {value!r}")
+    return int(value)
+
+
 def positive_int(name: str, value: Any, *, optional: bool = False) -> Any:
     """``value`` if it is an integer ≥ 1 (or ``None`` when ``optional``)."""
     if optional and value is None:
@@ -52,6 +59,15 @@ def positive_ints(values: Mapping[str, Any]) -> None:
     """:func:`positive_int` for each ``name: value``."""
     for name, value in values.items():
         positive_int(name, value)
+
+
+def positive_int_list(name: str, value: Any, what: str = "integers") -> list[int]:
+    """``value`` if it is a non-empty list of integers ≥ 1 (``what`` says what they count)."""
+    if not isinstance(value, list) or not value or not all(_is_int(v) and v > 0 for v in value):
+        raise ConfigurationError(
+            f"{name} must be a list of positive {what} (or null), got {value!r}"
+        )
+    return list(value)
 
 
 def positive_number(name: str, value: Any, *, optional: bool = False) -> Any:

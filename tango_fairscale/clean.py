@@ -7,8 +7,8 @@ Every ``tango_fairscale::train`` step whose work dir holds checkpoints or ``fina
 
 * **finished** (its result is stored): ``final_weights.pt``, every checkpoint but the final one and
   the final one's optimizer state are deleted -- what a run finished by this version of the
-  package already did itself -- unless the step kept its optimizer state
-  (``keep_optimizer_state: true``). ``--all-checkpoints`` deletes the final checkpoint too: the
+  package already did itself -- unless the step kept its optimizer state (``runtime:
+  {keep_optimizer_state: true}``). ``--all-checkpoints`` deletes the final checkpoint too: the
   stored result (``runs/NAME/trained_model``) is the trained model as a Hugging Face directory,
   and ``export --run`` then has no checkpoint to read.
 * **running** (a process holds the step's lock): never touched.
@@ -208,7 +208,8 @@ def _clean_step(
             return StepCleaning(uid, label, "running")
         if (step_dir / _STORED).is_file():
             state = "finished"
-            keep = bool(config.get("keep_optimizer_state", False))
+            runtime = config.get("runtime")
+            keep = isinstance(runtime, dict) and bool(runtime.get("keep_optimizer_state", False))
             releases = finished_step(
                 work, keep_optimizer_state=keep, all_checkpoints=all_checkpoints
             )

@@ -137,6 +137,20 @@ def engine_config(engine: str, **engine_params) -> dict:
     }
 
 
+def with_runtime(arguments: dict) -> dict:
+    """Training step arguments as a config gives them: the keys of the ``runtime`` block
+    (``device_count``, ``log_every``, ...) gathered into a
+    :class:`~tango_fairscale.train.plan.TrainRuntime` (checked as it is built)."""
+    import dataclasses
+
+    from tango_fairscale.train.plan import TrainRuntime
+
+    names = {field.name for field in dataclasses.fields(TrainRuntime)}
+    runtime = {key: value for key, value in arguments.items() if key in names}
+    rest = {key: value for key, value in arguments.items() if key not in names}
+    return {**rest, "runtime": TrainRuntime(**runtime)} if runtime else rest
+
+
 def train_tiny(
     workspace: Path,
     model_dir: Path,
@@ -160,13 +174,17 @@ def train_tiny(
         model=Lazy(Model, Params({"type": "tango_fairscale::causal_lm", "model": str(model_dir)})),
         engine=Lazy(TrainingEngine, Params(engine_config(engine, **engine_params))),
         task=TaskSpec(name="piqa", dataset=dataset_dict),
-        train_steps=train_steps,
-        batch_size=8,
-        device_count=device_count,
-        validate_every=10,
-        checkpoint_every=5,
-        log_every=1,
-        **(step_options or {}),
+        **with_runtime(
+            {
+                "train_steps": train_steps,
+                "batch_size": 8,
+                "device_count": device_count,
+                "validate_every": 10,
+                "checkpoint_every": 5,
+                "log_every": 1,
+                **(step_options or {}),
+            }
+        ),
     )
     return step.result(LocalWorkspace(workspace))
 
@@ -187,7 +205,7 @@ def train_in(
 
     from tango_fairscale.tasks.lm_eval import TaskSpec, load_tasks, training_pairs
     from tango_fairscale.train.launch import run_training
-    from tango_fairscale.train.loop import TrainPlan
+    from tango_fairscale.train.loop import TrainPlan, TrainRuntime
 
     config = TrainConfig(
         "test",
@@ -205,7 +223,8 @@ def train_in(
     engine_lazy = Lazy(TrainingEngine, Params(engine_config(engine, **engine_params)))
     task = TaskSpec(name="piqa", dataset=dataset_dict)
     pairs = training_pairs(load_tasks(task)["tasks"]["piqa"], "piqa")
-    run_training(TrainPlan(config, model, engine_lazy, pairs, [task], 8, 32))
+    runtime = TrainRuntime(eval_batch_size=32)
+    run_training(TrainPlan(config, model, engine_lazy, pairs, [task], 8, runtime))
 
 
 #: Weights of two runs agree to this, except for a few elements (:func:`assert_same_weights`).

@@ -1,6 +1,7 @@
 """What the configs refuse or decide when Jsonnet evaluates them, before Tango builds a step:
 ``-D precision`` is checked even when only the scoring step reads it (``train_steps=0``), and
-every step packs where the model can (``pack_sequences: null``)."""
+every step packs where the model can (``pack_sequences: null``, the training step's in its
+``runtime`` block)."""
 
 from __future__ import annotations
 
@@ -30,5 +31,6 @@ def test_a_bogus_precision_is_refused(config: str, train_steps: str) -> None:
 @pytest.mark.parametrize("engine", ["fairscale", "pipe"])
 def test_every_step_packs_where_the_model_can(config: str, engine: str) -> None:
     steps = evaluate(config, train_steps="5", engine=engine)["steps"]
-    packing = [step["pack_sequences"] for step in steps.values() if "pack_sequences" in step]
+    blocks = [step.get("runtime", step) for step in steps.values()]
+    packing = [block["pack_sequences"] for block in blocks if "pack_sequences" in block]
     assert len(packing) >= 2 and set(packing) == {None}

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import GOOD_FILES, line, make_piqa_dir
+from conftest import GOOD_FILES, line, make_piqa_dir, with_runtime
 from tango import Step
 from tango.common import Lazy, Params
 from tango.common.dataset_dict import DatasetDict
@@ -82,7 +82,7 @@ def train(dataset_dict: DatasetDict | None = None, **arguments: Any) -> Any:
         model=model,
         engine=engine,
         task=piqa(dataset_dict),
-        **{"train_steps": 5, "batch_size": 8, **arguments},
+        **with_runtime({"train_steps": 5, "batch_size": 8, **arguments}),
     )
 
 
@@ -278,7 +278,7 @@ def test_a_task_without_training_documents_is_refused_before_training() -> None:
 def test_unknown_signal_name() -> None:
     with pytest.raises(ConfigurationError) as err:
         train(preemption_signal="SIGKILL")
-    one_line(err.value, "unknown preemption_signal 'SIGKILL'", "choose one of SIGTERM, ")
+    one_line(err.value, "unknown runtime.preemption_signal 'SIGKILL'", "choose one of SIGTERM, ")
 
 
 def test_pack_sequences_must_be_a_boolean() -> None:

@@ -11,7 +11,9 @@ are in :mod:`.fairscale` and :mod:`.transformers`, applied where those libraries
   held by its ``__init__`` is replaced, not just the class attribute.)
 * A config key a component does not take fails with Tango's "Extra parameters passed to X: {...}",
   which names neither the fields X takes nor the one meant: the closest field and the list are
-  added (``difflib``), for every ``FromParams`` class and step (``patch_tango_unknown_fields``).
+  added (``difflib``), for every ``FromParams`` class and step (``patch_tango_unknown_fields``),
+  and a key of a block given at the top level (``device_count`` of the training step's
+  ``runtime``) is told where it goes.
 * While building the step graph, Tango deep-copies each argument that holds a step — and with it
   the step and everything the step holds, such as a model its config built (5 s for a GPT-2 124M
   on every ``tango run``). A step is a node of the graph: a copy of it is the step itself.
@@ -91,6 +93,32 @@ def accepted_fields(class_name: str) -> list[str]:
     return fields
 
 
+def block_fields(class_name: str) -> dict[str, str]:
+    """``{key: block}`` for the keys of the config blocks (``FromParams`` dataclasses given as
+    defaults, such as the training step's ``runtime``) that the classes named ``class_name``
+    take: where a key given at the top level belongs."""
+    import dataclasses
+
+    from tango import Step
+    from tango.common import FromParams
+
+    found: dict[str, str] = {}
+    for cls in _subclasses(FromParams):
+        if cls.__name__ != class_name:
+            continue
+        function = cls.run if issubclass(cls, Step) else cls.__init__
+        try:
+            parameters = inspect.signature(function).parameters.values()
+        except (TypeError, ValueError):
+            continue
+        for parameter in parameters:
+            default = parameter.default
+            if isinstance(default, FromParams) and dataclasses.is_dataclass(default):
+                for block_field in dataclasses.fields(default):
+                    found.setdefault(block_field.name, parameter.name)
+    return found
+
+
 def patch_tango_unknown_fields() -> None:
     from tango.common.exceptions import ConfigurationError
     from tango.common.params import Params
@@ -106,12 +134,18 @@ def patch_tango_unknown_fields() -> None:
             fields = accepted_fields(name)
             if not fields:
                 raise
+            blocks = block_fields(name)
             guesses = [
                 f"{close[0]!r} for {key!r}"
                 for key in self.params
-                if (close := difflib.get_close_matches(str(key), fields, n=1, cutoff=0.6))
+                if key not in blocks
+                and (close := difflib.get_close_matches(str(key), fields, n=1, cutoff=0.6))
             ]
             hint = f"; did you mean {', '.join(guesses)}?" if guesses else ""
+            for block in dict.fromkeys(blocks[key] for key in self.params if key in blocks):
+                keys = [key for key in self.params if blocks.get(key) == block]
+                inside = ", ".join(f"{key}: ..." for key in keys)
+                hint += f"; {', '.join(keys)} belong in the {block!r} block: {block}: {{{inside}}}"
             raise ConfigurationError(f"{error}{hint} ({name} takes {', '.join(fields)})") from None
 
     assert_empty.suggests_fields = True  # type: ignore[attr-defined]

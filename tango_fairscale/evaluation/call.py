@@ -14,9 +14,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from tango.common.exceptions import ConfigurationError
 
-from ..checks import positive_int
+from ..checks import integer, positive_int
 from ..model.causal_lm import ModelWrapper, move_batch
 from ..model.decoding import new_cache
 from ..runtime.process_group import alone
@@ -63,8 +62,7 @@ class GenerationSettings:
 
     def __post_init__(self) -> None:
         positive_int("max_gen_toks", self.max_gen_toks)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ConfigurationError(f"generation seed must be an integer, got {self.seed!r}")
+        integer("generation_seed", self.seed)
 
 
 class ModelCall:

@@ -121,12 +121,9 @@ class ScorerLM(LM):
         answers = score_on_all_ranks(
             self.call,
             distinct,
-            batch_size=options.batch_size,
+            dataclasses.replace(options, progress=options.progress and not disable_tqdm),
             pad_token_id=self.tokenizer.pad_token_id,
             device=self.call.device,
-            max_batch_tokens=options.max_batch_tokens,
-            packed=options.packed,
-            progress=options.progress and not disable_tqdm,
         )
         seconds = time.perf_counter() - started
         logger.info(

@@ -29,6 +29,7 @@ from ..data.queries import Query
 from ..data.schedules import scoring_batches
 from ..model.causal_lm import move_batch
 from ..runtime.process_group import rank_and_world_size
+from .call import EvalOptions
 
 Forward = Callable[[dict[str, torch.Tensor]], Mapping[str, torch.Tensor]]
 
@@ -44,29 +45,27 @@ SCORING_WIDTH_MULTIPLE = 8
 def score_queries(
     forward: Forward,
     queries: Sequence[Query],
+    options: EvalOptions,
     *,
-    batch_size: int,
     pad_token_id: int,
     device: torch.device,
-    max_batch_tokens: int | None = None,
     num_forwards: int | None = None,
-    packed: bool = False,
-    progress: bool = True,
 ) -> list[tuple[float, bool]]:
     """Each query's ``(log-likelihood of its continuation, whether the continuation is the
     greedy one)`` — lm-eval's ``loglikelihood`` answers — in the order of ``queries``; each
     log-likelihood the float64 sum of the query's per-token log-probabilities, the same (up to
     the per-token values' rounding) in any batch.
 
-    Batches as :func:`~tango_fairscale.data.schedules.scoring_batches` makes them: right-padded rows
-    or, ``packed`` (for a forward that takes packed batches), rows packed by
+    Batches as :func:`~tango_fairscale.data.schedules.scoring_batches` makes them of ``options``'
+    sizes: right-padded rows or, ``options.packed`` (for a forward that takes packed batches), rows
+    packed by
     :func:`~tango_fairscale.data.batches.packed_batch`. Results stay on the device until the end;
     Python runs at most ``QUEUED_FORWARDS`` forwards ahead of a GPU. ``num_forwards`` (at least
     the number of batches) pads the work with repeated forwards of a one-query batch whose
     results are discarded, so that all ranks call ``forward`` equally often.
     """
-    batches = scoring_batches(queries, batch_size, max_batch_tokens, packed)
-    if packed:
+    batches = scoring_batches(queries, options.batch_size, options.max_batch_tokens, options.packed)
+    if options.packed:
         make_batch = functools.partial(
             packed_batch, pad_token_id=pad_token_id, width_multiple=SCORING_WIDTH_MULTIPLE
         )
@@ -77,7 +76,7 @@ def score_queries(
     greedy: list[torch.Tensor] = []
     queued: collections.deque[tuple[Any, int]] = collections.deque()  # (done event, rows)
     depth = QUEUED_FORWARDS if device.type == "cuda" else 0  # a CPU forward is done on return
-    bar = Tqdm.tqdm(total=len(queries), desc="Scoring", unit="query", disable=not progress)
+    bar = Tqdm.tqdm(total=len(queries), desc="Scoring", unit="query", disable=not options.progress)
     for index in range(max(num_forwards or 0, len(batches))):
         rows = [queries[i] for i in batches[index]] if index < len(batches) else filler
         outputs = forward(move_batch(make_batch(rows), device))
@@ -114,13 +113,10 @@ def _in_query_order(
 def score_on_all_ranks(
     forward: Forward,
     queries: Sequence[Query],
+    options: EvalOptions,
     *,
-    batch_size: int,
     pad_token_id: int,
     device: torch.device,
-    max_batch_tokens: int | None = None,
-    packed: bool = False,
-    progress: bool = True,
 ) -> list[tuple[float, bool]]:
     """:func:`score_queries` with the work split over the process group (or alone without one).
 
@@ -132,21 +128,15 @@ def score_on_all_ranks(
     rank, world_size = rank_and_world_size()
     bounds = [len(queries) * r // world_size for r in range(world_size + 1)]
     mine = queries[bounds[rank] : bounds[rank + 1]]
-    num_forwards = len(scoring_batches(mine, batch_size, max_batch_tokens, packed))
+    num_forwards = len(
+        scoring_batches(mine, options.batch_size, options.max_batch_tokens, options.packed)
+    )
     if world_size > 1:
         agreed = torch.tensor([num_forwards], device=device)
         dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
         num_forwards = int(agreed.item())
     scores = score_queries(
-        forward,
-        mine,
-        batch_size=batch_size,
-        pad_token_id=pad_token_id,
-        device=device,
-        max_batch_tokens=max_batch_tokens,
-        num_forwards=num_forwards,
-        packed=packed,
-        progress=progress,
+        forward, mine, options, pad_token_id=pad_token_id, device=device, num_forwards=num_forwards
     )
     if world_size == 1:
         return scores

@@ -14,7 +14,7 @@ from tango.common.logging import cli_logger
 from tango.integrations.torch import Model
 
 from .. import compat  # noqa: F401  (Tango fixes)
-from ..checks import boolean
+from ..checks import boolean, integer
 from ..model.causal_lm import ModelWrapper, packing_refusal
 from ..parallel.precision import resolve_precision
 from ..tasks.lm_eval import TaskSpec, load_tasks
@@ -121,8 +121,8 @@ class TaskScoresStep(Step[dict]):
         model: Lazy[Model],  # see massage_kwargs: run() gets a ModelSource or a step's model
         task: TaskSpec,
         precision: str = "32-true",
-        batch_size: int = 256,
-        max_batch_tokens: int | None = 16384,
+        batch_size: int = EvalOptions.batch_size,
+        max_batch_tokens: int | None = EvalOptions.max_batch_tokens,
         pack_sequences: bool | None = None,
         bootstrap_iters: int = 100000,
         max_gen_toks: int = GenerationSettings.max_gen_toks,
@@ -133,8 +133,7 @@ class TaskScoresStep(Step[dict]):
         generation = GenerationSettings(max_gen_toks, generation_seed)
         if pack_sequences is not None:
             boolean("pack_sequences", pack_sequences)
-        if isinstance(bootstrap_iters, bool) or not isinstance(bootstrap_iters, int):
-            raise ConfigurationError(f"bootstrap_iters must be an integer, got {bootstrap_iters!r}")
+        integer("bootstrap_iters", bootstrap_iters)
         # A ModelSource (massage_kwargs), a step's model, or a Lazy of another model type.
         given: Any = model.construct() if isinstance(model, Lazy) else model
         if not isinstance(given, (ModelWrapper, ModelSource)):

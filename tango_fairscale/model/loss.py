@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -84,16 +84,14 @@ def scored_row_nll(
         num_tokens = torch.bincount(rows, minlength=num_groups)
     token_weights = (1.0 / num_tokens.clamp(min=1).float())[rows]
     weight, bias = _aligned_projection(head)
-    inputs = (
-        hidden.flatten(0, 1).index_select(0, positions.to(device, non_blocking=True)),
-        weight,
-        bias,
+    tokens = ScoredTokens(
         targets.flatten()[positions].to(device, non_blocking=True),
         token_weights.to(device, non_blocking=True),
         rows.to(device, non_blocking=True),
         len(num_tokens),
-        transform,
     )
+    picked = hidden.flatten(0, 1).index_select(0, positions.to(device, non_blocking=True))
+    inputs = (picked, weight, bias, tokens, transform)
     num_tokens = num_tokens.to(device, non_blocking=True)
     trains = (
         hidden.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
@@ -133,10 +131,7 @@ def _score(
     hidden: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
-    targets: torch.Tensor,
-    token_weights: torch.Tensor,
-    rows: torch.Tensor,
-    num_rows: int,
+    tokens: ScoredTokens,
     transform: LogitTransform,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Without gradients: ``(row_mean_nll, row_nll, row_greedy)``, one log-softmax pass and one
@@ -148,6 +143,7 @@ def _score(
         else hidden.dtype
     )
     float_logits = device_type == "cuda" and dtype != torch.float32
+    targets, token_weights, rows, num_rows = tokens
     n = hidden.shape[0]
     token_nll = torch.empty(n, dtype=torch.float32, device=hidden.device)
     token_missed = torch.empty(n, dtype=torch.float32, device=hidden.device)
@@ -170,6 +166,15 @@ def _score(
     return zeros.index_add(0, rows, token_nll * token_weights), row_nll, row_greedy
 
 
+class ScoredTokens(NamedTuple):
+    """A batch's scored positions: each one's target, weight in its row's mean and row."""
+
+    targets: torch.Tensor
+    token_weights: torch.Tensor
+    rows: torch.Tensor
+    num_rows: int
+
+
 class _ScoredCrossEntropy(torch.autograd.Function):
     """Token cross-entropies of ``transform(hidden @ weight.T + bias)`` against ``targets``,
     chunk by chunk, summed per row: weighted by ``token_weights`` (differentiable) and plain
@@ -189,13 +194,11 @@ class _ScoredCrossEntropy(torch.autograd.Function):
         hidden: torch.Tensor,
         weight: torch.Tensor,
         bias: torch.Tensor | None,
-        targets: torch.Tensor,
-        token_weights: torch.Tensor,
-        rows: torch.Tensor,
-        num_rows: int,
+        tokens: ScoredTokens,
         transform: LogitTransform,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
+        targets, token_weights, rows, num_rows = tokens
         device_type = hidden.device.type
         dtype = (
             torch.get_autocast_dtype(device_type)
@@ -264,9 +267,6 @@ class _ScoredCrossEntropy(torch.autograd.Function):
             else (grad_hidden * grad_row_mean[ctx.rows, None]).to(hidden_dtype),
             None if grad_weight is None else (grad_weight * common).to(weight_dtype),
             None if grad_bias is None else (grad_bias * common).to(bias_dtype),
-            None,
-            None,
-            None,
             None,
             None,
         )

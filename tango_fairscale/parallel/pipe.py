@@ -12,17 +12,18 @@ from __future__ import annotations
 import sys
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from fairscale.nn import Pipe
 from fairscale.nn.pipe.pipeline import Pipeline
-from tango.common import Lazy
+from tango.common import FromParams, Lazy
 from tango.common.exceptions import ConfigurationError
 from tango.integrations.torch import LRScheduler, Model, Optimizer, TrainConfig, TrainingEngine
 from torch import nn
 
-from ..checks import one_of, positive_int
+from ..checks import one_of, positive_int, positive_int_list
 from ..model.causal_lm import ModelWrapper
 from ..model.loss import loss_outputs
 from ..model.stages import StagePrecision, TiedWeight, auto_balance, build_stages, num_layers
@@ -30,6 +31,43 @@ from .engine import Engine
 from .strategy import Strategy
 
 CHECKPOINT_MODES = ("never", "always", "except_last")
+
+
+@dataclass(frozen=True)
+class PipeConfig(FromParams):
+    """How the ``pipe`` engine cuts the model and its batches (its ``pipe`` block, beside the
+    sharded engines' ``sharding``), checked when built; devices are resolved when the engine is.
+
+    :param balance: decoder layers per stage, e.g. ``[6, 6]`` (the embeddings join the first
+        stage, the final norm, LM head and loss the last); ``null`` balances the parameter count
+        over ``len(devices)`` stages.
+    :param chunks: micro-batches each batch is cut into (at most the rows of a batch,
+        ``batch_size / grad_accum``).
+    :param checkpoint: activation checkpointing of the micro-batches: ``never``, ``always`` or
+        ``except_last`` (FairScale's default).
+    :param devices: one device per stage, e.g. ``["cuda:0", "cuda:1"]``; default: every visible
+        GPU, or two CPU stages without GPUs.
+    """
+
+    balance: list[int] | None = None
+    chunks: int = 4
+    checkpoint: str = "except_last"
+    devices: list[str] | None = None
+
+    def __post_init__(self) -> None:
+        positive_int("pipe.chunks", self.chunks)
+        one_of("pipe.checkpoint", self.checkpoint, CHECKPOINT_MODES)
+        if self.balance is not None:
+            positive_int_list("pipe.balance", self.balance, "layer counts per stage")
+        if self.devices is not None and (not isinstance(self.devices, list) or not self.devices):
+            raise ConfigurationError(
+                f'pipe.devices must be a non-empty list such as ["cuda:0", "cuda:1"] or '
+                f'["cpu", "cpu"], got {self.devices!r}'
+            )
+
+
+#: The ``pipe`` block when an engine config gives none.
+DEFAULT_PIPE = PipeConfig()
 
 
 class _Pipeline(Pipeline):
@@ -92,34 +130,22 @@ class PipelinedModel(nn.Module):
 
 
 class PipeStrategy(Strategy):
-    """FairScale ``Pipe`` over ``devices`` (see :class:`PipeEngine` for the keys): the whole model
+    """FairScale ``Pipe`` over ``devices`` (:class:`PipeConfig`): the whole model
     in one process, so rank 0's file and :class:`Strategy`'s state; a tied head's mirror merged
     around each step and refreshed after each load."""
 
-    def __init__(
-        self, balance: list[int] | None, chunks: int, checkpoint: str, devices: list[str] | None
-    ) -> None:
-        positive_int("chunks", chunks)
-        one_of("checkpoint", checkpoint, CHECKPOINT_MODES)
-        if balance is not None and (
-            not isinstance(balance, list)
-            or not balance
-            or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in balance)
-        ):
-            raise ConfigurationError(
-                f"balance must be a list of positive layer counts per stage (or null), "
-                f"got {balance!r}"
-            )
-        self.devices = resolve_devices(devices)
+    def __init__(self, config: PipeConfig) -> None:
+        self.devices = resolve_devices(config.devices)
+        balance = config.balance
         if balance is not None and len(balance) > len(self.devices):
             raise ConfigurationError(
-                f"balance {balance} has {len(balance)} stages but devices has only "
+                f"pipe.balance {balance} has {len(balance)} stages but pipe.devices has only "
                 f"{len(self.devices)} ({', '.join(map(str, self.devices))}); add devices or use "
                 "fewer stages"
             )
-        self.balance = balance
-        self.chunks = chunks
-        self.checkpoint = checkpoint
+        self.balance = None if balance is None else list(balance)
+        self.chunks = config.chunks
+        self.checkpoint = config.checkpoint
         self.tied: TiedWeight | None = None
         self.stage_devices: list[torch.device] = []  # once wrapped: one per stage
 
@@ -129,8 +155,8 @@ class PipeStrategy(Strategy):
             self.balance = auto_balance(model.model, len(self.devices))
         elif sum(self.balance) != layers:
             raise ConfigurationError(
-                f"balance {self.balance} sums to {sum(self.balance)} but the model has {layers} "
-                f"decoder layers; make the entries sum to {layers}"
+                f"pipe.balance {self.balance} sums to {sum(self.balance)} but the model has "
+                f"{layers} decoder layers; make the entries sum to {layers}"
             )
         self.stage_devices = devices = self.devices[: len(self.balance)]
         precision = StagePrecision(
@@ -164,7 +190,7 @@ class PipeStrategy(Strategy):
         rows = len(batch["input_ids"])
         if rows < self.chunks:
             raise ConfigurationError(
-                f"chunks={self.chunks} exceeds the {rows} examples of each micro-batch "
+                f"pipe.chunks={self.chunks} exceeds the {rows} examples of each micro-batch "
                 f"(batch_size / (device_count × grad_accum)); set chunks to at most {rows}"
             )
 
@@ -183,22 +209,15 @@ class PipeStrategy(Strategy):
 
 @TrainingEngine.register("tango_fairscale::pipe")
 class PipeEngine(Engine):
-    """FairScale ``Pipe``: the model's layers split over ``devices``, batches cut into ``chunks``.
+    """FairScale ``Pipe``: the model's layers split over ``pipe.devices``, batches cut into
+    ``pipe.chunks``.
 
     Registered as a Tango ``TrainingEngine`` under the name ``"tango_fairscale::pipe"``.
     One process drives every stage (run it with ``device_count: 1``). It splits the model types
     :data:`~tango_fairscale.model.stages.SUPPORTED` (GPT-2; Llama, SmolLM, Mistral, Qwen2/3,
     SmolLM3, Gemma 1-3; GPT-NeoX; OPT) and refuses any other in one line.
 
-    :param balance: decoder layers per stage, e.g. ``[6, 6]`` (the embeddings join the first
-        stage, the final norm, LM head and loss the last); ``null`` balances the parameter count
-        over ``len(devices)`` stages.
-    :param chunks: micro-batches each batch is cut into (at most the rows of a batch,
-        ``batch_size / grad_accum``).
-    :param checkpoint: activation checkpointing of the micro-batches: ``never``, ``always`` or
-        ``except_last`` (FairScale's default).
-    :param devices: one device per stage, e.g. ``["cuda:0", "cuda:1"]``; default: every visible
-        GPU, or two CPU stages without GPUs.
+    :param pipe: the stages, micro-batches and their checkpointing (:class:`PipeConfig`).
     :param precision: as every engine (autocast is applied inside each stage).
     :param max_grad_norm: clip the global gradient norm.
 
@@ -208,8 +227,9 @@ class PipeEngine(Engine):
 
     Example (Jsonnet)::
 
-        engine: {type: "tango_fairscale::pipe", balance: [6, 6], chunks: 4,
-                 checkpoint: "except_last", devices: ["cuda:0", "cuda:1"],
+        engine: {type: "tango_fairscale::pipe",
+                 pipe: {balance: [6, 6], chunks: 4, checkpoint: "except_last",
+                        devices: ["cuda:0", "cuda:1"]},
                  precision: "bf16-mixed", optimizer: {type: "torch::AdamW", lr: 1e-5}}
     """
 
@@ -226,7 +246,7 @@ class PipeEngine(Engine):
         if world_size != 1:
             raise ConfigurationError(
                 f"the pipe engine drives all its stages from one process; set device_count=1 "
-                f"(got {world_size}) and list the stages' devices in 'devices'"
+                f"(got {world_size}) and list the stages' devices in pipe.devices"
             )
 
     def __init__(
@@ -238,17 +258,14 @@ class PipeEngine(Engine):
         lr_scheduler: Lazy[LRScheduler] | None = None,
         precision: str = "auto",
         max_grad_norm: float | None = None,
-        balance: list[int] | None = None,
-        chunks: int = 4,
-        checkpoint: str = "except_last",
-        devices: list[str] | None = None,
+        pipe: PipeConfig = DEFAULT_PIPE,
     ) -> None:
         self.check_world_size(train_config.world_size)
         super().__init__(
             train_config,
             model,
             optimizer,
-            PipeStrategy(balance, chunks, checkpoint, devices),
+            PipeStrategy(pipe),
             lr_scheduler=lr_scheduler,
             precision=precision,
             max_grad_norm=max_grad_norm,
@@ -261,31 +278,26 @@ def resolve_devices(devices: list[str] | None) -> list[torch.device]:
         if torch.cuda.is_available():
             return [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
         return [torch.device("cpu"), torch.device("cpu")]
-    if not isinstance(devices, list) or not devices:
-        raise ConfigurationError(
-            f'devices must be a non-empty list such as ["cuda:0", "cuda:1"] or '
-            f'["cpu", "cpu"], got {devices!r}'
-        )
     resolved = []
     for name in devices:
         try:
             device = torch.device(name)
         except (RuntimeError, TypeError):
             raise ConfigurationError(
-                f'devices entry {name!r} is not a device; write e.g. "cuda:0" or "cpu"'
+                f'pipe.devices entry {name!r} is not a device; write e.g. "cuda:0" or "cpu"'
             ) from None
         if device.type == "cuda":
             visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
             index = 0 if device.index is None else device.index
             if index >= visible:
                 raise ConfigurationError(
-                    f"devices entry {name!r} is not available ({visible} visible GPUs); "
+                    f"pipe.devices entry {name!r} is not available ({visible} visible GPUs); "
                     'list visible GPUs or use "cpu"'
                 )
             device = torch.device("cuda", index)
         elif device.type != "cpu":
             raise ConfigurationError(
-                f'devices entry {name!r}: the pipe engine runs on "cuda:N" or "cpu" devices'
+                f'pipe.devices entry {name!r}: the pipe engine runs on "cuda:N" or "cpu" devices'
             )
         resolved.append(device)
     return resolved

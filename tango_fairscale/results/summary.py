@@ -146,7 +146,7 @@ def summarise(reader: WorkspaceReader, run: RunRecord) -> RunSummary:
         model=_describe_model(train.get("model")) or model,
         engine=_strip_prefix(engine.get("type")),
         precision=info.precision or engine.get("precision", "auto"),
-        device_count=info.world_size or train.get("device_count", 1),
+        device_count=info.world_size or _dict(train.get("runtime")).get("device_count", 1),
         train_steps=train.get("train_steps"),
         training_log=None if log is None else str(log),
         requested_precision=engine.get("precision", "auto"),

@@ -41,7 +41,7 @@ def run_training(plan: TrainPlan) -> dict[str, torch.Tensor] | None:
                 spawned_worker,
                 (plan,),
                 plan.config.world_size,
-                plan.preemption_signal,
+                plan.runtime.preemption,
                 preload=plan.component_modules,
             )
     except WorkerFailed as error:
@@ -59,7 +59,7 @@ def _hint(error: WorkerFailed, plan: TrainPlan) -> str:
         return f"; {resume_hint(plan.checkpoints)}"
     if "timed out" in message.lower() or "timeout" in message.lower():
         return (
-            f"; a collective timed out after {plan.collective_timeout_s:g} s "
+            f"; a collective timed out after {plan.runtime.collective_timeout_s:g} s "
             "(collective_timeout_s): another process hung or stopped"
         )
     return ""

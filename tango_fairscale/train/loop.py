@@ -5,68 +5,23 @@ from __future__ import annotations
 
 import importlib
 import logging
-import signal
-from dataclasses import dataclass, field
+from dataclasses import replace
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from tango.common import Lazy
 from tango.common.exceptions import ConfigurationError
-from tango.integrations.torch import Model, TrainCallback, TrainConfig, TrainingEngine
 
-from ..evaluation.call import GenerationSettings
 from ..model.causal_lm import packing_refusal
 from ..parallel.engine import Engine
 from ..runtime.process_group import join_process_group, leave_process_group, spawned_store
-from ..tasks.lm_eval import TaskSpec
+from .plan import TrainPlan, TrainRuntime
 from .run import FINAL_WEIGHTS, TrainingRun
 
-__all__ = ["FINAL_WEIGHTS", "TrainPlan", "build_engine", "train", "train_worker"]
+__all__ = ["FINAL_WEIGHTS", "TrainPlan", "TrainRuntime", "build_engine", "train", "train_worker"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class TrainPlan:
-    """Everything a training process needs, validated by the launching process."""
-
-    config: TrainConfig
-    model: Lazy[Model]
-    engine: Lazy[TrainingEngine]
-    #: (context, continuation) of each training example's correct choice.
-    training_pairs: list[tuple[str, str]]
-    validate_tasks: list[TaskSpec]
-    batch_size: int
-    eval_batch_size: int
-    preemption_signal: signal.Signals = signal.SIGTERM
-    collective_timeout_s: float = 600.0
-    #: ``None``: packed where the engine takes packed batches (:func:`build_engine` decides).
-    pack_sequences: bool | None = False
-    #: Modules that register the model's and engine's types: worker processes import them.
-    component_modules: tuple[str, ...] = ()
-    callbacks: list[Lazy[TrainCallback]] = field(default_factory=list)
-    #: The Tango workspace the step runs in (for callbacks).
-    workspace: Any = None
-    #: The summary key handed to callbacks as ``val_metric`` (higher is better).
-    val_metric: str | None = None
-    #: Complete checkpoints kept (the newest); older ones are deleted.
-    keep_checkpoints: int = 2
-    #: The run's id, which every file of its checkpoints carries (made by the launching process,
-    #: kept beside the checkpoints; ``None``: each process reads or makes it there).
-    run_id: str | None = None
-    #: How validation tasks that generate text decode (part of the step's cache key).
-    generation: GenerationSettings = field(default_factory=GenerationSettings)
-    #: Rank 0 writes the trained model to ``final_weights.pt`` (always when it is a spawned
-    #: process); ``False``: it returns it to the launching process it runs in, which saves a
-    #: write and a read of the whole model (the training step's plans).
-    final_weights_to_file: bool = True
-
-    @property
-    def checkpoints(self) -> Path:
-        return self.config.work_dir / "checkpoints"
 
 
 def train_worker(
@@ -77,7 +32,7 @@ def train_worker(
     config = plan.config
     config.worker_id = rank
     torch.manual_seed(config.seed)
-    join_process_group(config, timedelta(seconds=plan.collective_timeout_s), store)
+    join_process_group(config, timedelta(seconds=plan.runtime.collective_timeout_s), store)
     try:
         return train(build_engine(plan), plan)
     finally:
@@ -87,14 +42,15 @@ def train_worker(
 def spawned_worker(rank: int, plan: TrainPlan) -> None:
     """:func:`train_worker` in a process spawned by ``run_training``, which holds the store the
     processes meet in (:func:`~tango_fairscale.runtime.process_group.hosted_store`)."""
-    timeout = timedelta(seconds=plan.collective_timeout_s)
+    timeout = timedelta(seconds=plan.runtime.collective_timeout_s)
     plan.final_weights_to_file = True
     train_worker(rank, plan, spawned_store(plan.config, timeout))
 
 
 def build_engine(plan: TrainPlan) -> Engine:
-    """The plan's engine, its model built and wrapped; ``plan.pack_sequences`` ``None`` becomes
-    whether the engine takes packed batches, ``True`` is refused (one line) where it does not."""
+    """The plan's engine, its model built and wrapped; ``plan.runtime.pack_sequences`` ``None``
+    becomes whether the engine takes packed batches, ``True`` is refused (one line) where it does
+    not."""
     for module in plan.component_modules:
         importlib.import_module(module)
     engine = plan.engine.construct(train_config=plan.config, model=plan.model)
@@ -102,9 +58,10 @@ def build_engine(plan: TrainPlan) -> Engine:
         raise ConfigurationError(
             f"'engine' must be a tango_fairscale engine, got {type(engine).__name__}"
         )
-    if plan.pack_sequences is None:
-        plan.pack_sequences = engine.accepts_packed_batches
-    elif plan.pack_sequences and not engine.accepts_packed_batches:
+    packing = plan.runtime.pack_sequences
+    if packing is None:
+        plan.runtime = replace(plan.runtime, pack_sequences=engine.accepts_packed_batches)
+    elif packing and not engine.accepts_packed_batches:
         model = engine.wrapped_model
         if not model.supports_packing:
             raise ConfigurationError(packing_refusal(model))

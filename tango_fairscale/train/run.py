@@ -33,6 +33,7 @@ from .callbacks import Callbacks
 from .checkpoints import BackgroundWriter, CheckpointPolicy, TrainingStopped, resume, resume_hint
 from .guards import NonFiniteGuard, any_rank
 from .meter import PhaseClock, Throughput
+from .plan import TrainPlan
 from .progress import TrainingBar
 
 logger = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ class TrainingRun:
     """The state of one process's run of a plan (:class:`~tango_fairscale.train.loop.TrainPlan`),
     resumed from its newest checkpoint; rank 0 logs and writes."""
 
-    def __init__(self, engine: Engine, plan: Any) -> None:
+    def __init__(self, engine: Engine, plan: TrainPlan) -> None:
         started = time.perf_counter()
         self.engine, self.plan, config = engine, plan, plan.config
         self.config = config
@@ -73,9 +74,11 @@ class TrainingRun:
             training_pairs=plan.training_pairs,
         )
         self.checkpoints = CheckpointPolicy(
-            plan.checkpoints, plan.run_id or run_id(plan.checkpoints), plan.keep_checkpoints
+            plan.checkpoints,
+            plan.run_id or run_id(plan.checkpoints),
+            plan.runtime.keep_checkpoints,
         )
-        self.writer = BackgroundWriter(engine, self.checkpoints, plan.collective_timeout_s)
+        self.writer = BackgroundWriter(engine, self.checkpoints, plan.runtime.collective_timeout_s)
         resumed = resume(engine, plan.checkpoints, self.is_main)
         self.start = int(resumed.get("step", 0))
         if self.start:
@@ -91,8 +94,8 @@ class TrainingRun:
             self.schedule.global_batch,
             model.model.config.get_text_config().vocab_size,
         )
-        self.preemption = Preemption(plan.preemption_signal)
-        self.bar = TrainingBar(self.start, config.train_steps, self.is_main)
+        self.preemption = Preemption(plan.runtime.preemption)
+        self.bar = TrainingBar(self.start, plan.train_steps, self.is_main)
         self.unread: StepLoss | None = None  # the previous step's loss, on its way to the host
         self.clock = PhaseClock()
         self.first_logged = self.start  # the step whose log ended the first_step phase
@@ -112,7 +115,7 @@ class TrainingRun:
                 [self.queries[i] for i in micro_batch],
                 self.model.pad_token_id,
                 self.model.max_length,
-                packed=self.plan.pack_sequences,
+                packed=self.plan.packed,
             )
             for micro_batch in self.schedule.micro_batches(step)
         ]
@@ -255,11 +258,11 @@ class StepLoss:
         return float(self._host)
 
 
-def evaluator(engine: Engine, plan: Any) -> Evaluator:
+def evaluator(engine: Engine, plan: TrainPlan) -> Evaluator:
     """The evaluator of validation: every rank answering its share through the engine."""
     options = EvalOptions(
-        batch_size=plan.eval_batch_size,
-        packed=bool(plan.pack_sequences),
+        batch_size=plan.runtime.eval_batch_size,
+        packed=plan.packed,
         progress=plan.config.is_local_main_process,
     )
     return Evaluator(ModelCall.of_engine(engine), options, plan.generation)
@@ -277,7 +280,7 @@ def validate(engine: Engine, evaluator: Evaluator, tasks: list) -> dict[str, Any
         engine.model.train()
 
 
-def write_run_info(path: Path, engine: Engine, plan: Any) -> None:
+def write_run_info(path: Path, engine: Engine, plan: TrainPlan) -> None:
     """What this run resolved (:class:`~tango_fairscale.records.run_info.RunInfo`) into ``path``."""
     RunInfo(
         precision=engine.precision.name,

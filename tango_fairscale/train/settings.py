@@ -4,47 +4,33 @@ its settings, its training pairs and its validation tasks."""
 
 from __future__ import annotations
 
-import signal
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from tango import Step
 from tango.common import Lazy
 from tango.common.exceptions import ConfigurationError
 from tango.integrations.torch import Model, TrainCallback, TrainConfig, TrainingEngine
 
-from ..checks import boolean, one_of, positive_int, positive_ints
+from ..checks import integer, positive_int, positive_ints
 from ..data.schedules import BatchSchedule
 from ..evaluation.call import GenerationSettings
 from ..runtime.devices import job_devices
-from ..runtime.signals import PREEMPTION_SIGNALS
 from ..tasks.lm_eval import TaskSpec, load_tasks, training_pairs
 from .launch import component_modules
-from .loop import TrainPlan
+from .plan import TrainPlan, TrainRuntime
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainSettings:
-    """The training step's settings (its ``run`` arguments of the same names, documented there),
-    checked when built."""
+    """What the training step computes (its ``run`` arguments of the same names, documented
+    there, all in its cache key), checked when built."""
 
     train_steps: int
     batch_size: int
     grad_accum: int
     seed: int
     validate_every: int | None
-    checkpoint_every: int
-    keep_checkpoints: int
-    keep_optimizer_state: bool
-    device_count: int
-    log_every: int
-    eval_batch_size: int
-    distributed_port: int | None
-    preemption_signal: str
-    collective_timeout_s: int
-    pack_sequences: bool | None
-    max_gen_toks: int
-    generation_seed: int
-    generation: GenerationSettings = field(init=False)
+    generation: GenerationSettings
 
     def __post_init__(self) -> None:
         positive_ints(
@@ -52,34 +38,24 @@ class TrainSettings:
                 "train_steps": self.train_steps,
                 "batch_size": self.batch_size,
                 "grad_accum": self.grad_accum,
-                "checkpoint_every": self.checkpoint_every,
-                "keep_checkpoints": self.keep_checkpoints,
-                "device_count": self.device_count,
-                "log_every": self.log_every,
-                "eval_batch_size": self.eval_batch_size,
-                "collective_timeout_s": self.collective_timeout_s,
             }
         )
+        integer("seed", self.seed)
         positive_int("validate_every", self.validate_every, optional=True)
-        if self.pack_sequences is not None:
-            boolean("pack_sequences", self.pack_sequences)
-        boolean("keep_optimizer_state", self.keep_optimizer_state)
-        one_of("preemption_signal", self.preemption_signal, PREEMPTION_SIGNALS)
-        self.generation = GenerationSettings(self.max_gen_toks, self.generation_seed)
 
     def plan(
         self,
         step: Step,
-        model: Lazy[Model],
-        engine: Lazy[TrainingEngine],
+        runtime: TrainRuntime,
+        components: TrainComponents,
         pairs: list[tuple[str, str]],
         validation: list[TaskSpec],
-        callbacks: list[Lazy[TrainCallback]],
-        val_metric: str | None,
     ) -> TrainPlan:
-        """The plan that trains ``model`` on ``pairs`` with these settings in ``step``'s work
-        dir; refused here, not in a worker, when the batch does not split evenly."""
-        BatchSchedule(len(pairs), self.batch_size, self.seed, self.device_count, 0, self.grad_accum)
+        """The plan that trains ``components`` on ``pairs`` with these settings in ``step``'s
+        work dir; refused here, not in a worker, when the batch does not split evenly."""
+        BatchSchedule(
+            len(pairs), self.batch_size, self.seed, runtime.device_count, 0, self.grad_accum
+        )
         config = TrainConfig(
             step.unique_id,
             step.work_dir,
@@ -87,33 +63,42 @@ class TrainSettings:
             seed=self.seed,
             train_steps=self.train_steps,
             grad_accum=self.grad_accum,
-            log_every=self.log_every,
-            checkpoint_every=self.checkpoint_every,
+            log_every=runtime.log_every,
+            checkpoint_every=runtime.checkpoint_every,
             validate_every=self.validate_every,
-            is_distributed=self.device_count > 1,
-            devices=job_devices(self.device_count),
-            distributed_port=self.distributed_port or 0,  # 0: a free port, bound before the spawn
-            world_size=self.device_count,
+            is_distributed=runtime.device_count > 1,
+            devices=job_devices(runtime.device_count),
+            distributed_port=runtime.distributed_port or 0,  # 0: a free port, bound before spawning
+            world_size=runtime.device_count,
         )
         return TrainPlan(
             config,
-            model,
-            engine,
+            components.model,
+            components.engine,
             pairs,
             validation,
             self.batch_size,
-            self.eval_batch_size,
-            signal.Signals[self.preemption_signal],
-            self.collective_timeout_s,
-            self.pack_sequences,
-            component_modules(model, engine, *callbacks),
-            callbacks,
-            step.workspace,
-            val_metric,
-            keep_checkpoints=self.keep_checkpoints,
+            runtime,
             generation=self.generation,
+            component_modules=component_modules(
+                components.model, components.engine, *components.callbacks
+            ),
+            callbacks=components.callbacks,
+            workspace=step.workspace,
+            val_metric=components.val_metric,
             final_weights_to_file=False,
         )
+
+
+@dataclass(frozen=True)
+class TrainComponents:
+    """What the training step builds in each process (its model, engine and callbacks, as
+    configs) and the validation metric handed to the callbacks."""
+
+    model: Lazy[Model]
+    engine: Lazy[TrainingEngine]
+    callbacks: list[Lazy[TrainCallback]]
+    val_metric: str | None
 
 
 def training_data(

@@ -16,7 +16,7 @@ from tango.integrations.torch import Model, TrainCallback, TrainingEngine
 from tango.step import StepResources
 
 from .. import compat  # noqa: F401  (Tango fixes)
-from ..evaluation.call import EvalOptions, GenerationSettings
+from ..evaluation.call import GenerationSettings
 from ..model.causal_lm import ModelWrapper
 from ..model.fingerprint import FingerprintedLazy
 from ..parallel.consolidate import full_state_dict
@@ -29,7 +29,8 @@ from ..tasks.lm_eval import TaskSpec
 from .format import ModelFormat
 from .launch import run_training
 from .loop import FINAL_WEIGHTS, TrainPlan
-from .settings import TrainSettings, training_data
+from .plan import DEFAULT_RUNTIME, TrainRuntime
+from .settings import TrainComponents, TrainSettings, training_data
 
 logger = logging.getLogger(__name__)
 
@@ -62,33 +63,11 @@ class TrainStep(Step[ModelWrapper]):
         validation metric they see is ``val_metric``.
     :param val_metric: the validation summary key handed to callbacks (higher is better), e.g.
         ``"arc_easy/acc"``; default: the first task's first metric.
-    :param checkpoint_every: steps between checkpoints; a rerun resumes from the newest one whose
-        files match its manifest (sizes and SHA-256 digests, recorded while writing).
-    :param keep_checkpoints: complete checkpoints kept while the run trains, the newest ones:
-        once a checkpoint is complete, all but the newest ``keep_checkpoints`` are deleted. A
-        rerun whose newest checkpoint is damaged (a file missing, truncated, altered, or from
-        another checkpoint) resumes from the one before and logs why, so ``1`` leaves nothing to
-        fall back to. Once the run finishes, only its final checkpoint is kept.
-    :param keep_optimizer_state: keep the optimizer state in the final checkpoint of a finished
-        run. By default it is dropped once the run finishes (the checkpoint rewritten model-only,
-        verified, with its manifest: it exports to the same weights, it does not resume), as
-        are the other checkpoints and the consolidated ``final_weights.pt``: the stored result
-        holds the model. GPT-2 124M with AdamW: a 1.5 GB checkpoint becomes 0.5 GB.
-    :param device_count: processes, one per GPU (or CPU processes over gloo without GPUs).
-    :param preemption_signal: on this signal (``SIGTERM``, ``SIGUSR1``, ...) every rank finishes
-        its step, a checkpoint is written and the step fails with :class:`TrainingStopped`;
-        rerunning the same command resumes.
-    :param collective_timeout_s: a rank that hangs (without dying) makes the others fail after
-        this many seconds in a collective, instead of waiting forever.
-    :param pack_sequences: feed micro-batches (and validation batches) packed end to end instead
-        of right-padded (:func:`~tango_fairscale.data.batches.packed_batch`): the same losses up
-        to float rounding, far fewer positions on short data such as PIQA (measured on an H200,
-        PIQA batch 16: GPT-2 124M fp32 1.30x the tokens/s in half the memory; GPT-2 1.5B bf16 at
-        batch 64: 1.92x in a third of the memory). ``null``: packed where the engine's model
-        takes packed batches (``ModelWrapper.supports_packing``; never under the ``pipe``
-        engine), else padded; ``true`` is refused where it does not.
-    :param eval_batch_size: queries per validation batch, of at most
-        ``EvalOptions.max_batch_tokens`` (16,384) tokens: the scoring step's batches.
+    :param runtime: how the run is carried out, not what it computes
+        (:class:`~tango_fairscale.train.plan.TrainRuntime`: ``device_count``, ``log_every``,
+        ``checkpoint_every``, ``keep_checkpoints``, ``keep_optimizer_state``,
+        ``pack_sequences``, ``eval_batch_size``, ``distributed_port``, ``preemption_signal``,
+        ``collective_timeout_s``); one argument, not part of the cache key.
     :param max_gen_toks: for validation tasks that generate text (``generate_until``) and set no
         ``max_gen_toks`` of their own, the most tokens generated (lm-eval's default, 256).
     :param generation_seed: seeds sampling, for validation tasks that sample.
@@ -97,11 +76,9 @@ class TrainStep(Step[ModelWrapper]):
     ``bf16-true`` run's bf16 values, upcast exactly); its ``training_log`` holds the logged loss
     and validation metrics by step, and its Tango hash is this step's unique id.
 
-    ``log_every``, ``eval_batch_size``, ``distributed_port``, ``device_count``,
-    ``keep_checkpoints``, ``keep_optimizer_state`` and ``pack_sequences`` are not part of the
-    cache key: 1 or 8 devices,
-    packed or not, train the same model (up to float rounding). The model's files are
-    (:meth:`massage_kwargs`): a model directory changed in place trains again.
+    The ``runtime`` block is not part of the cache key: 1 or 8 devices, packed or not, any
+    cadence of logs and checkpoints train the same model (up to float rounding). The model's files
+    are (:meth:`massage_kwargs`): a model directory changed in place trains again.
 
     Example (Jsonnet)::
 
@@ -109,26 +86,16 @@ class TrainStep(Step[ModelWrapper]):
                         task: {name: "piqa", dataset: {ref: "piqa"}},
                         validate_tasks: ["piqa", "arc_easy"],
                         engine: {type: "tango_fairscale::ddp", optimizer: {type: "torch::AdamW"}},
-                        train_steps: 2000, batch_size: 16, device_count: 2}
+                        train_steps: 2000, batch_size: 16, runtime: {device_count: 2}}
     """
 
-    VERSION = "002"
+    VERSION = "003"
     DETERMINISTIC = True
     CACHEABLE = True
     FORMAT: Format = ModelFormat()
     # The result does not depend on the number of devices (the batch is global), so a run may be
     # resumed on another number of devices where the engine can reshard its checkpoints.
-    SKIP_ID_ARGUMENTS = {
-        "log_every",
-        "eval_batch_size",
-        "distributed_port",
-        "device_count",
-        "preemption_signal",
-        "collective_timeout_s",
-        "pack_sequences",
-        "keep_checkpoints",
-        "keep_optimizer_state",
-    }
+    SKIP_ID_ARGUMENTS = {"runtime"}
 
     @classmethod
     def massage_kwargs(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -141,7 +108,9 @@ class TrainStep(Step[ModelWrapper]):
 
     @property
     def resources(self) -> StepResources:
-        return self.step_resources or StepResources(gpu_count=self.kwargs.get("device_count", 1))
+        runtime = self.kwargs.get("runtime")
+        devices = runtime.device_count if isinstance(runtime, TrainRuntime) else 1
+        return self.step_resources or StepResources(gpu_count=devices)
 
     def run(  # type: ignore[override]
         self,
@@ -157,43 +126,18 @@ class TrainStep(Step[ModelWrapper]):
         validate_every: int | None = None,
         callbacks: list[Lazy[TrainCallback]] | None = None,
         val_metric: str | None = None,
-        checkpoint_every: int = 100,
-        keep_checkpoints: int = 2,
-        keep_optimizer_state: bool = False,
-        device_count: int = 1,
-        log_every: int = 10,
-        eval_batch_size: int = EvalOptions.batch_size,
-        distributed_port: int | None = None,
-        preemption_signal: str = "SIGTERM",
-        collective_timeout_s: int = 600,
-        pack_sequences: bool | None = False,
         max_gen_toks: int = GenerationSettings.max_gen_toks,
         generation_seed: int = GenerationSettings.seed,
+        runtime: TrainRuntime = DEFAULT_RUNTIME,
     ) -> ModelWrapper:
+        generation = GenerationSettings(max_gen_toks, generation_seed)
         settings = TrainSettings(
-            train_steps=train_steps,
-            batch_size=batch_size,
-            grad_accum=grad_accum,
-            seed=seed,
-            validate_every=validate_every,
-            checkpoint_every=checkpoint_every,
-            keep_checkpoints=keep_checkpoints,
-            keep_optimizer_state=keep_optimizer_state,
-            device_count=device_count,
-            log_every=log_every,
-            eval_batch_size=eval_batch_size,
-            distributed_port=distributed_port,
-            preemption_signal=preemption_signal,
-            collective_timeout_s=collective_timeout_s,
-            pack_sequences=pack_sequences,
-            max_gen_toks=max_gen_toks,
-            generation_seed=generation_seed,
+            train_steps, batch_size, grad_accum, seed, validate_every, generation
         )
+        components = TrainComponents(model, engine, list(callbacks or []), val_metric)
         pairs, validation = training_data(task, validate_tasks, engine)
-        plan = settings.plan(
-            self, model, engine, pairs, validation, list(callbacks or []), val_metric
-        )
-        return self._trained_model(plan, model, keep_optimizer_state)
+        plan = settings.plan(self, runtime, components, pairs, validation)
+        return self._trained_model(plan, model, runtime.keep_optimizer_state)
 
     def _trained_model(
         self, plan: TrainPlan, model: Lazy[Model], keep_optimizer_state: bool

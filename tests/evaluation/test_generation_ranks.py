@@ -19,7 +19,7 @@ from tango_fairscale.evaluation.steps import TaskScoresStep
 from tango_fairscale.model.causal_lm import ModelWrapper
 from tango_fairscale.tasks.lm_eval import TaskSpec
 from tango_fairscale.train.launch import component_modules
-from tango_fairscale.train.loop import TrainPlan
+from tango_fairscale.train.loop import TrainPlan, TrainRuntime
 
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "tasks"
 sys.path.insert(0, str(FIXTURES))
@@ -67,7 +67,7 @@ def test_every_rank_gets_the_single_process_answers(
         "ranks", tmp_path, is_distributed=True, devices=[-1, -1], world_size=2, seed=42
     )
     plan = TrainPlan(
-        config, model, engine_lazy, [], [], 8, 3,
+        config, model, engine_lazy, [], [], 8, TrainRuntime(eval_batch_size=3),
         component_modules=component_modules(model, engine_lazy),
     )  # fmt: skip
     ranks = evaluate_on_ranks(plan, specs(), batch_size=3)

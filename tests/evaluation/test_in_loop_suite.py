@@ -16,6 +16,7 @@ from tango.workspaces import LocalWorkspace
 from tango_fairscale.evaluation.harness import merge, summary
 from tango_fairscale.evaluation.steps import TaskScoresStep
 from tango_fairscale.tasks.lm_eval import TaskSpec
+from tango_fairscale.train.plan import TrainRuntime
 from tango_fairscale.train.step import TrainStep
 
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "tasks"
@@ -44,8 +45,7 @@ def test_in_loop_suite_equals_single_process_scores(
         validate_tasks=suite(num_fewshot=2),
         train_steps=1,
         batch_size=8,
-        device_count=2,
-        pack_sequences=True,
+        runtime=TrainRuntime(device_count=2, pack_sequences=True),
     )
     trained = step.result(LocalWorkspace(tmp_path))
     logged = {
@@ -119,8 +119,7 @@ def test_in_loop_generation_equals_single_process(
         validate_tasks=tasks,
         train_steps=1,
         batch_size=8,
-        device_count=2,
-        eval_batch_size=4,
+        runtime=TrainRuntime(device_count=2, eval_batch_size=4),
     )
     trained = step.result(LocalWorkspace(tmp_path / "workspace"))
     logged = {

@@ -30,6 +30,7 @@ from conftest import REPO_ROOT, lm_eval_as_released
 from helpers.requests import scores_with_stored_requests
 from helpers.steep import STEEP, exact_log_likelihood, random_queries, token_log_probs
 
+from tango_fairscale.evaluation.call import EvalOptions
 from tango_fairscale.evaluation.scoring import score_queries
 from tango_fairscale.evaluation.steps import TaskScoresStep
 from tango_fairscale.model.causal_lm import ModelWrapper
@@ -297,14 +298,9 @@ def test_large_log_likelihoods_are_lm_evals_per_token_values_summed_exactly(
 
     for packed in (False, True):
         for size in (1, 3, 16):
+            sizes = EvalOptions(size, max_batch_tokens=None, packed=packed, progress=False)
             scores = score_queries(
-                forward,
-                queries,
-                batch_size=size,
-                packed=packed,
-                pad_token_id=model.pad_token_id,
-                device=torch.device("cpu"),
-                progress=False,
+                forward, queries, sizes, pad_token_id=model.pad_token_id, device=torch.device("cpu")
             )
             ours = np.array([ll for ll, _ in scores])
             np.testing.assert_allclose(ours, exact, rtol=0, atol=1e-4, err_msg=f"{size} {packed}")

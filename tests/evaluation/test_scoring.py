@@ -19,6 +19,7 @@ from helpers.tokenizer import vocabulary_fields
 
 from tango_fairscale.data.queries import Query
 from tango_fairscale.data.schedules import length_sorted_batches
+from tango_fairscale.evaluation.call import EvalOptions
 from tango_fairscale.evaluation.scoring import score_queries
 from tango_fairscale.evaluation.steps import TaskScoresStep
 from tango_fairscale.model.causal_lm import ModelWrapper
@@ -56,16 +57,15 @@ def cpu_scores(model: ModelWrapper, queries: list, batch_size: int, **options: A
 
 
 def cpu_answers(model: ModelWrapper, queries: list, batch_size: int, **options: Any) -> list:
+    """``score_queries``' answers; ``options``: ``forward``, ``num_forwards``, and the
+    :class:`EvalOptions` fields (no token limit unless ``max_batch_tokens`` is given)."""
     forward = options.pop("forward", forward_of(model))
+    num_forwards = options.pop("num_forwards", None)
+    sizes = EvalOptions(batch_size, **{"max_batch_tokens": None, "progress": False, **options})
     return score_queries(
-        forward,
-        queries,
-        batch_size=batch_size,
-        pad_token_id=model.pad_token_id,
-        device=CPU,
-        progress=False,
-        **options,
-    )
+        forward, queries, sizes, pad_token_id=model.pad_token_id, device=CPU,
+        num_forwards=num_forwards,
+    )  # fmt: skip
 
 
 def one_query_log_likelihood(model: ModelWrapper, query: Query) -> float:
@@ -199,10 +199,10 @@ def test_gpu_scores_do_not_depend_on_batching_at_large_log_likelihoods(
     cuda = torch.device("cuda")
 
     def scores(batch: list[Query], size: int, packed: bool) -> np.ndarray:
+        sizes = EvalOptions(size, max_batch_tokens=None, packed=packed, progress=False)
         answers = score_queries(
-            forward_of(model), batch, batch_size=size, pad_token_id=model.pad_token_id,
-            device=cuda, packed=packed, progress=False,
-        )  # fmt: skip
+            forward_of(model), batch, sizes, pad_token_id=model.pad_token_id, device=cuda
+        )
         return np.array([score for score, _ in answers])
 
     alone = np.concatenate([scores([query], 1, False) for query in queries])

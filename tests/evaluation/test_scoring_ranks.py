@@ -22,7 +22,7 @@ from tango_fairscale.evaluation.steps import TaskScoresStep
 from tango_fairscale.model.causal_lm import ModelWrapper
 from tango_fairscale.tasks.lm_eval import TaskSpec
 from tango_fairscale.train.launch import component_modules
-from tango_fairscale.train.loop import TrainPlan
+from tango_fairscale.train.loop import TrainPlan, TrainRuntime
 
 
 def long_random_task(directory: Path, tokenizer) -> TaskSpec:
@@ -76,7 +76,7 @@ def test_every_rank_gets_the_scores_of_requests_scored_alone(
         "ranks", tmp_path / "run", is_distributed=True, devices=[-1, -1], world_size=2, seed=42
     )
     plan = TrainPlan(
-        config, model, engine_lazy, [], [], 8, 3,
+        config, model, engine_lazy, [], [], 8, TrainRuntime(eval_batch_size=3),
         component_modules=component_modules(model, engine_lazy),
     )  # fmt: skip
     ranks = evaluate_on_ranks(plan, [spec], batch_size=3, packed=packed)

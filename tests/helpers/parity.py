@@ -87,7 +87,7 @@ def build_plan(spec: RunSpec, work_dir: Path, model_dir: Path, dataset: Any) -> 
 
     from tango_fairscale.tasks.lm_eval import TaskSpec, load_tasks, training_pairs
     from tango_fairscale.train.launch import component_modules
-    from tango_fairscale.train.loop import TrainPlan
+    from tango_fairscale.train.loop import TrainPlan, TrainRuntime
 
     config = TrainConfig(
         "test",
@@ -112,8 +112,7 @@ def build_plan(spec: RunSpec, work_dir: Path, model_dir: Path, dataset: Any) -> 
         pairs,
         [task] if spec.validate else [],
         batch_size=8,
-        eval_batch_size=32,
-        pack_sequences=spec.pack_sequences,
+        runtime=TrainRuntime(eval_batch_size=32, pack_sequences=spec.pack_sequences),
         component_modules=component_modules(model, engine),
     )
 

@@ -122,7 +122,7 @@ def train_families(root: Path, model_dirs: dict[str, Path], pairs) -> dict:
     from tango.common import Lazy, Params
     from tango.integrations.torch import Model, TrainConfig, TrainingEngine
 
-    from tango_fairscale.train.loop import TrainPlan
+    from tango_fairscale.train.loop import TrainPlan, TrainRuntime
 
     plans = {}
     for engine in ENGINES:
@@ -147,8 +147,7 @@ def train_families(root: Path, model_dirs: dict[str, Path], pairs) -> dict:
                 pairs,
                 [],
                 8,
-                8,
-                pack_sequences=None,
+                TrainRuntime(eval_batch_size=8, pack_sequences=None),
             )
     runs = train_many(plans)
     failed = [run for run in runs.values() if isinstance(run, str)]

@@ -45,11 +45,12 @@ def family_model_dir(tmp_path_factory, tokenizer_dir):
     return get
 
 
-PIPE_PARAMS = {"balance": [1, 1], "chunks": 4, "devices": ["cpu", "cpu"]}
+PIPE_BLOCK = {"balance": [1, 1], "chunks": 4, "devices": ["cpu", "cpu"]}
+PIPE_PARAMS = {"pipe": PIPE_BLOCK}  # the engine's own keys, in its ``pipe`` block
 
 
-def pipe_run(name: str, model: str = "tiny", **params) -> str:
-    spec = RunSpec("pipe", 1, model=model, engine_params={**PIPE_PARAMS, **params})
+def pipe_run(name: str, model: str = "tiny", **pipe) -> str:
+    spec = RunSpec("pipe", 1, model=model, engine_params={"pipe": {**PIPE_BLOCK, **pipe}})
     return define(f"pipe/{name}", spec)
 
 
@@ -114,7 +115,10 @@ def test_forward_equals_model_wrapper(
         assert_close_by_key(outputs, expected, keys, rtol=1e-6, atol=1e-6)
 
 
-def engine(tmp_path: Path, model_dir: Path, world_size: int = 1, **params) -> PipeEngine:
+def engine(
+    tmp_path: Path, model_dir: Path, world_size: int = 1, precision: str = "32-true", **pipe
+) -> PipeEngine:
+    """The pipe engine of ``model_dir`` built with ``pipe`` as its ``pipe`` block."""
     config = TrainConfig(
         "test",
         tmp_path,
@@ -126,7 +130,12 @@ def engine(tmp_path: Path, model_dir: Path, world_size: int = 1, **params) -> Pi
     lazy = Lazy(
         TrainingEngine,
         Params(
-            {"type": PIPE, "precision": "32-true", "optimizer": {"type": "torch::AdamW"}, **params}
+            {
+                "type": PIPE,
+                "precision": precision,
+                "optimizer": {"type": "torch::AdamW"},
+                "pipe": pipe,
+            }
         ),
     )
     built = lazy.construct(train_config=config, model=model)
@@ -147,7 +156,7 @@ def assert_one_line(error: pytest.ExceptionInfo, *parts: str) -> None:
         ({"balance": [1, 2]}, ("sums to 3", "2 decoder layers", "sum to 2")),
         ({"balance": [1, 0, 1]}, ("positive layer counts",)),
         ({"balance": [1, 1], "devices": ["cpu"]}, ("2 stages", "only 1", "add devices")),
-        ({"chunks": 0}, ("chunks must be a positive integer",)),
+        ({"chunks": 0}, ("pipe.chunks must be a positive integer",)),
         ({"checkpoint": "sometimes"}, ("never, always, except_last", "'sometimes'")),
         ({"devices": ["tpu:0"]}, ("'tpu:0'",)),
         ({"devices": ["cuda:99"]}, ("'cuda:99' is not available",)),
@@ -177,8 +186,8 @@ def test_more_processes_are_refused(tmp_path, tiny_model_dir) -> None:
 def test_chunks_larger_than_micro_batch(tmp_path, tiny_model_dir, piqa_small) -> None:
     """The micro-batch size is known at the first forward: 8 rows cannot make 16 chunks."""
     with pytest.raises(ConfigurationError) as error:
-        train_tiny(tmp_path, tiny_model_dir, piqa_small, PIPE, 1, chunks=16)
-    assert_one_line(error, "chunks=16", "8 examples", "at most 8")
+        train_tiny(tmp_path, tiny_model_dir, piqa_small, PIPE, 1, pipe={"chunks": 16})
+    assert_one_line(error, "pipe.chunks=16", "8 examples", "at most 8")
 
 
 def test_other_architectures_are_refused(tmp_path, tokenizer_dir) -> None:

@@ -231,7 +231,7 @@ def test_refuses_packed_batches_the_engine_cannot_take(
     with pytest.raises(ConfigurationError) as error:
         torch_train(
             tmp_path, tiny_model_dir, piqa_small, "tango_fairscale::pipe", 1,
-            packed=True, engine_params={"chunks": 1},
+            packed=True, engine_params={"pipe": {"chunks": 1}},
         )  # fmt: skip
     message = str(error.value)
     assert "\n" not in message and "cannot take packed batches" in message

@@ -16,12 +16,13 @@ def plan_for(model_dir: Path, work_dir: Path, pack_sequences: bool | None):
     from tango.common import Lazy, Params
     from tango.integrations.torch import Model, TrainConfig, TrainingEngine
 
-    from tango_fairscale.train.loop import TrainPlan
+    from tango_fairscale.train.loop import TrainPlan, TrainRuntime
 
     config = TrainConfig("test", work_dir, train_steps=1, devices=[-1], world_size=1)
     model = Lazy(Model, Params({"type": "tango_fairscale::causal_lm", "model": str(model_dir)}))
     engine = Lazy(TrainingEngine, Params(engine_config("tango_fairscale::ddp")))
-    return TrainPlan(config, model, engine, [], [], 8, 8, pack_sequences=pack_sequences)
+    runtime = TrainRuntime(eval_batch_size=8, pack_sequences=pack_sequences)
+    return TrainPlan(config, model, engine, [], [], 8, runtime)
 
 
 def test_packing_follows_the_model_where_it_is_automatic(
@@ -32,10 +33,10 @@ def test_packing_follows_the_model_where_it_is_automatic(
     bloom = save_family(tmp_path / "bloom", "bloom", tokenizer_dir)
     plan = plan_for(bloom, tmp_path / "bloom-run", None)
     build_engine(plan)
-    assert plan.pack_sequences is False
+    assert plan.runtime.pack_sequences is False
     plan = plan_for(tiny_model_dir, tmp_path / "gpt2-run", None)
     build_engine(plan)
-    assert plan.pack_sequences is True
+    assert plan.runtime.pack_sequences is True
 
     with pytest.raises(ConfigurationError, match="scores packed queries as padded") as error:
         build_engine(plan_for(bloom, tmp_path / "refused", True))

@@ -15,7 +15,7 @@ from tango_fairscale.records.training_log import read_training_log
 from tango_fairscale.runtime.process_group import free_port
 from tango_fairscale.tasks.lm_eval import TaskSpec, load_tasks, training_pairs
 from tango_fairscale.train.launch import run_training
-from tango_fairscale.train.loop import TrainPlan
+from tango_fairscale.train.loop import TrainPlan, TrainRuntime
 from tango_fairscale.train.lr_schedule import WarmupSchedule
 
 CALLS: list[tuple[str, Any]] = []
@@ -92,7 +92,7 @@ def run(
         training_pairs(load_tasks(task)["tasks"]["piqa"], "piqa"),
         [task],
         batch_size=8,
-        eval_batch_size=32,
+        runtime=TrainRuntime(eval_batch_size=32),
         callbacks=[Lazy(TrainCallback, Params(c)) for c in callbacks],
     )
     run_training(plan)

@@ -577,9 +577,7 @@ def test_packing_with_the_pipe_engine_is_refused(tmp_path, tiny_model_dir, piqa_
             piqa_small,
             "tango_fairscale::pipe",
             step_options={"pack_sequences": True},
-            balance=[1, 1],
-            chunks=2,
-            devices=["cpu", "cpu"],
+            pipe={"balance": [1, 1], "chunks": 2, "devices": ["cpu", "cpu"]},
         )
 
 
