@@ -31,6 +31,8 @@ are in :mod:`.fairscale` and :mod:`.transformers`, applied where those libraries
 * No ``pkg_resources`` warning before every step, one line per finished progress bar
   (:mod:`.tango_output`).
 * A local run records when its command started, before models were loaded (:mod:`.tango_runs`).
+* transformers does not import scikit-learn for assisted generation, which the package never runs
+  (:mod:`.transformers`).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import inspect
 from collections.abc import Iterator
 from typing import Any
 
-from . import tango_errors, tango_locks, tango_output, tango_runs
+from . import tango_errors, tango_locks, tango_output, tango_runs, transformers
 
 
 def patch_tango_git_metadata() -> None:
@@ -216,6 +218,7 @@ def apply() -> None:
     patch_tango_unknown_fields()
     patch_tango_registry_search()
     patch_torch_train_world_size()
+    transformers.skip_sklearn_import()
 
 
 apply()

@@ -1,4 +1,4 @@
-"""transformers 5 without a host wait per forward.
+"""transformers 5 without a host wait per forward, and without scikit-learn at import.
 
 Without an attention mask, transformers 5 looks for packed sequences in every forward
 (``masking_utils.find_packed_sequence_indices``: ``(mask[:, -1] == 0).all()`` read on the host),
@@ -7,12 +7,35 @@ launches the rest of it. :class:`~tango_fairscale.model.causal_lm.ModelWrapper` 
 without a mask only for right-padded batches (one sequence per row, positions from 0; packed
 batches come with their own mask), so :func:`unpacked_sequences` answers "not packed" without
 looking, for the duration of that call.
+
+transformers imports scikit-learn (with scipy, pandas and pyarrow: 4 s on 2 cores, in every
+command and every worker) when its generation code is imported, for one use: assisted
+generation's confidence threshold (``AssistedCandidateGenerator`` with
+``assistant_confidence_threshold``), which the package never runs. :func:`skip_sklearn_import`
+tells transformers that scikit-learn is absent, before its generation code is imported; lm-eval
+still imports it where a metric needs it (``f1``, ``mcc``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
+
+
+def skip_sklearn_import() -> None:
+    """Make transformers' generation code skip scikit-learn (see the module's docstring); no
+    effect once that code is imported."""
+    if "transformers.generation.candidate_generator" in sys.modules:
+        return
+    import transformers.utils as utils
+    import transformers.utils.import_utils as import_utils
+
+    def absent() -> bool:
+        return False
+
+    utils.is_sklearn_available = absent  # type: ignore[assignment]
+    import_utils.is_sklearn_available = absent  # type: ignore[assignment]
 
 
 @contextlib.contextmanager

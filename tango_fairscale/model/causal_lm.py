@@ -11,9 +11,12 @@ import torch
 from tango.common.det_hash import CustomDetHash
 from tango.common.exceptions import ConfigurationError
 from tango.integrations.torch import Model
+
+from .. import compat  # noqa: F401  (the fixes; transformers' before it is imported)
+
+# isort: split
 from transformers import PreTrainedModel
 
-from .. import compat  # noqa: F401  (Tango fixes)
 from ..compat.transformers import unpacked_sequences
 from ..data.batches import collate, packed_batch
 from ..data.queries import Query

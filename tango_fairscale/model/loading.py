@@ -11,6 +11,10 @@ from typing import Any
 
 import torch
 from tango.common.exceptions import ConfigurationError
+
+from .. import compat  # noqa: F401  (the fixes; transformers' before it is imported)
+
+# isort: split
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.activations import NewGELUActivation
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING

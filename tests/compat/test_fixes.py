@@ -74,3 +74,24 @@ def test_tango_runs_in_a_repository_without_origin(tmp_path, monkeypatch) -> Non
     import tango_fairscale.compat  # noqa: F401  (applies the fix)
 
     assert EnvironmentMetadata().git is None
+
+
+@pytest.mark.slow  # two processes importing transformers: ~15 s
+def test_the_training_code_imports_no_scikit_learn() -> None:
+    """Every component registered, a model built and its generation code imported: scikit-learn
+    (transformers imports it for assisted generation only) stays out of the process; without the
+    fix it is there."""
+    code = (
+        "import sys\n"
+        "from tango.common.util import import_module_and_submodules\n"
+        "import_module_and_submodules('tango_fairscale')\n"
+        "import transformers.generation.candidate_generator\n"
+        "print(sorted(name for name in sys.modules if name.split('.')[0] == 'sklearn')[:1])\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert run.stdout.strip() == "[]", run.stdout
+    control = (
+        "import transformers.generation.candidate_generator, sys; print('sklearn' in sys.modules)"
+    )
+    unfixed = subprocess.run([sys.executable, "-c", control], capture_output=True, text=True)
+    assert unfixed.stdout.strip() == "True", unfixed.stderr[-2000:]
