@@ -223,7 +223,8 @@ def train_in(
     engine_lazy = Lazy(TrainingEngine, Params(engine_config(engine, **engine_params)))
     task = TaskSpec(name="piqa", dataset=dataset_dict)
     pairs = training_pairs(load_tasks(task)["tasks"]["piqa"], "piqa")
-    runtime = TrainRuntime(eval_batch_size=32)
+    # The optimizer state kept at the last step too: a later call continues the run.
+    runtime = TrainRuntime(eval_batch_size=32, keep_optimizer_state=True)
     run_training(TrainPlan(config, model, engine_lazy, pairs, [task], 8, runtime))
 
 

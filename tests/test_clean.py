@@ -10,6 +10,7 @@ run`` workspace of ``test_results.py`` and runs ``tango run`` and ``results`` on
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import hashlib
 import shutil
@@ -43,9 +44,10 @@ def built(tmp_path_factory, tiny_model_dir: Path, piqa_small) -> Path:
     workspace = tmp_path_factory.mktemp("clean") / "workspace"
     plan = TrainSettings.plan
 
-    def written_to_file(self, *args, **kwargs):  # rank 0 then wrote final_weights.pt
-        made = plan(self, *args, **kwargs)
+    def written_to_file(self, *args, **kwargs):  # rank 0 then wrote final_weights.pt, and
+        made = plan(self, *args, **kwargs)  # the final checkpoint with its optimizer state
         made.final_weights_to_file = True
+        made.runtime = dataclasses.replace(made.runtime, keep_optimizer_state=True)
         return made
 
     with pytest.MonkeyPatch.context() as patch:  # as the step did before it gave files back

@@ -75,14 +75,20 @@ class CheckpointFormat(ABC):
     # --- saving: every rank -----------------------------------------------------------------------
 
     def save(
-        self, owner: StateOwner, directory: Path, client_state: dict[str, Any], identity: Identity
+        self,
+        owner: StateOwner,
+        directory: Path,
+        client_state: dict[str, Any],
+        identity: Identity,
+        model_only: bool = False,
     ) -> None:
         """Write ``owner``'s state into ``directory``, with ``client_state`` (plain data); rank 0
         adds the model's config and tokenizer and writes the manifest last, listing every rank's
-        files. Call on every rank (the records are gathered). A failed write on any rank raises
+        files. ``model_only``: without the optimizer state (a finished run's final checkpoint).
+        Call on every rank (the records are gathered). A failed write on any rank raises
         ``OSError`` on every rank, and no manifest is written."""
         rank = owner.train_config.worker_id
-        snapshot = self.take(owner, client_state, identity)
+        snapshot = self.take(owner, client_state, identity, model_only)
         records: dict[str, FileRecord] = {}
         failure = None
         try:
@@ -100,12 +106,19 @@ class CheckpointFormat(ABC):
             raise OSError(failures[0])
         if rank == 0:
             files = {name: record for part, _ in gathered for name, record in part.items()}
-            write_manifest(directory, Manifest(self.name, identity, files))
+            write_manifest(directory, Manifest(self.name, identity, files, model_only=model_only))
 
     @abstractmethod
-    def take(self, owner: StateOwner, client_state: dict[str, Any], identity: Identity) -> Any:
-        """This rank's state to write (``None``: nothing): references to the owner's tensors
-        (a background writer would copy them to host memory first)."""
+    def take(
+        self,
+        owner: StateOwner,
+        client_state: dict[str, Any],
+        identity: Identity,
+        model_only: bool = False,
+    ) -> Any:
+        """This rank's state to write (``None``: nothing), without the optimizer's when
+        ``model_only``: references to the owner's tensors (a background writer would copy them
+        to host memory first)."""
 
     @abstractmethod
     def write(self, snapshot: Any, directory: Path, rank: int) -> dict[str, FileRecord]:

@@ -66,12 +66,26 @@ class DistributedCheckpoint(CheckpointFormat):
 
     name = "torch-dcp"
 
-    def take(self, owner: StateOwner, client_state: dict[str, Any], identity: Identity) -> Any:
+    def take(
+        self,
+        owner: StateOwner,
+        client_state: dict[str, Any],
+        identity: Identity,
+        model_only: bool = False,
+    ) -> Any:
         model_state, optimizer_state = get_state_dict(owner.model, owner.optimizer)
         trainer = None
         if owner.train_config.worker_id == 0:
             trainer = {**trainer_state(owner, client_state), "checkpoint": identity.as_dict()}
-        return Snapshot({"model": model_state, "optimizer": optimizer_state}, trainer, identity)
+        state = (
+            {"model": model_state}
+            if model_only
+            else {
+                "model": model_state,
+                "optimizer": optimizer_state,
+            }
+        )
+        return Snapshot(state, trainer, identity)
 
     def write(self, snapshot: Any, directory: Path, rank: int) -> dict[str, FileRecord]:
         records = _save(snapshot.state, directory, snapshot.identity)

@@ -51,13 +51,20 @@ class RankFiles(CheckpointFormat):
     def __init__(self, sharded: bool = False, reshards: bool = True) -> None:
         self.sharded, self.reshards = sharded, reshards
 
-    def take(self, owner: StateOwner, client_state: dict[str, Any], identity: Identity) -> Any:
+    def take(
+        self,
+        owner: StateOwner,
+        client_state: dict[str, Any],
+        identity: Identity,
+        model_only: bool = False,
+    ) -> Any:
         if not self.sharded and owner.train_config.worker_id != 0:
             return None  # every rank holds the same state; rank 0's copy serves all
+        optimizer = {} if model_only else {"optimizer": owner.optimizer.state_dict()}
         return {
             "model": owner.model_state(),
             **owner.model_layout(),
-            "optimizer": owner.optimizer.state_dict(),
+            **optimizer,
             **trainer_state(owner, client_state),
             "checkpoint": identity.as_dict(),
         }

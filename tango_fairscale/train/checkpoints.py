@@ -63,11 +63,16 @@ def resume_hint(checkpoints: Path) -> str:
 
 
 def save_checkpoint(
-    engine: Engine, policy: CheckpointPolicy, step: int, is_main: bool, extra: dict | None = None
+    engine: Engine,
+    policy: CheckpointPolicy,
+    step: int,
+    is_main: bool,
+    extra: dict | None = None,
+    model_only: bool = False,
 ) -> None:
     """Write step ``step``'s checkpoint on every rank and make it ``latest``, keeping the newest
     ``policy.keep`` (call on all ranks); ``extra`` (plain data: callbacks' states, ...) is kept
-    with the step and the RNG state.
+    with the step and the RNG state; ``model_only``: without the optimizer state.
 
     A failed write (a full disk, a lost mount) raises :class:`TrainingStopped` on every rank and
     leaves the previous checkpoint ``latest``.
@@ -76,7 +81,7 @@ def save_checkpoint(
     client_state = {**(extra or {}), "step": step, "rng": torch.get_rng_state()}
     identity = Identity(policy.run_id, step, engine.train_config.world_size)
     try:
-        engine.checkpoint_format.save(engine, partial, client_state, identity)
+        engine.checkpoint_format.save(engine, partial, client_state, identity, model_only)
     except OSError as error:
         raise TrainingStopped(
             f"writing checkpoint {step_name(step)} failed ({error}); "
@@ -111,20 +116,24 @@ class BackgroundWriter:
         #: synchronous write would have stopped the loop for.
         self.write_seconds: list[float] = []
 
-    def save(self, step: int, extra: dict | None = None, wait: bool = False) -> None:
-        """Start writing step ``step``'s checkpoint (call on every rank); ``wait``: return once it
-        is committed (call on every rank: the ranks meet in a barrier)."""
+    def save(
+        self, step: int, extra: dict | None = None, wait: bool = False, model_only: bool = False
+    ) -> None:
+        """Start writing step ``step``'s checkpoint (call on every rank), without the optimizer
+        state when ``model_only``; ``wait``: return once it is committed (call on every rank:
+        the ranks meet in a barrier)."""
         self.wait()
         engine, fmt = self.engine, self.engine.checkpoint_format
         if not fmt.background:
-            save_checkpoint(engine, self.policy, step, self.rank == 0, extra)
+            save_checkpoint(engine, self.policy, step, self.rank == 0, extra, model_only)
             return
         client_state = {**(extra or {}), "step": step, "rng": torch.get_rng_state()}
         identity = Identity(self.policy.run_id, step, self.world_size)
-        snapshot, ready = self.copier.copy(fmt.take(engine, client_state, identity))
+        state = fmt.take(engine, client_state, identity, model_only)
+        snapshot, ready = self.copier.copy(state)
         self.thread = threading.Thread(
             target=self._write,
-            args=(snapshot, ready, identity),
+            args=(snapshot, ready, identity, model_only),
             name=f"checkpoint-{step_name(step)}",
             daemon=True,  # a kill or a crash leaves a .partial- directory, never read
         )
@@ -162,7 +171,7 @@ class BackgroundWriter:
         except TrainingStopped as error:
             logger.warning("%s", error)
 
-    def _write(self, snapshot: Any, ready: Any, identity: Identity) -> None:
+    def _write(self, snapshot: Any, ready: Any, identity: Identity, model_only: bool) -> None:
         started = time.perf_counter()
         partial = partial_dir(self.policy.directory, identity.step)
         fmt = self.engine.checkpoint_format
@@ -174,7 +183,7 @@ class BackgroundWriter:
             if self.rank == 0:
                 records.update(save_model_files(self.engine.wrapped_model, partial))
                 files = {**records, **self._other_ranks_records(partial, identity)}
-                write_manifest(partial, Manifest(fmt.name, identity, files))
+                write_manifest(partial, Manifest(fmt.name, identity, files, model_only=model_only))
                 commit(partial, self.policy.keep)
             else:
                 _leave(partial / _records_name(self.rank), Manifest(fmt.name, identity, records))

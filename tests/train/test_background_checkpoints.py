@@ -100,6 +100,28 @@ def test_a_failed_write_stops_the_run_in_one_line(writer, monkeypatch, tmp_path)
     assert [path.name for path in complete_checkpoints(tmp_path / "checkpoints")] == ["step0000005"]
 
 
+def test_a_model_only_checkpoint_holds_no_optimizer_state_and_exports(writer, tmp_path) -> None:
+    """What a finished run writes at its last step: the model and the trainer state without the
+    optimizer's, a manifest saying so; it exports to the engine's weights, it does not resume."""
+    from tango.common.exceptions import ConfigurationError
+
+    from tango_fairscale.parallel.consolidate import full_state_dict
+    from tango_fairscale.records.checkpoints import read_manifest
+
+    writer.save(5, wait=True)  # a step's checkpoint: with the optimizer state
+    writer.save(10, wait=True, model_only=True)
+    full, final = (tmp_path / "checkpoints" / name for name in ("step0000005", "step0000010"))
+    assert not read_manifest(full).model_only and read_manifest(final).model_only
+    assert "optimizer" in torch.load(full / "rank0.pt", weights_only=True)
+    assert "optimizer" not in torch.load(final / "rank0.pt", weights_only=True)
+    expected = weights(writer.engine)
+    exported = full_state_dict(final)
+    assert exported.keys() == expected.keys()
+    assert all(torch.equal(exported[key], expected[key]) for key in expected)
+    with pytest.raises(ConfigurationError, match="cannot be resumed"):
+        resume(writer.engine, tmp_path / "checkpoints", is_main=True)
+
+
 KILLED_WHILE_WRITING = """
 import os, signal, sys, time
 from pathlib import Path
