@@ -1,0 +1,44 @@
+"""A Tango ``JsonFormat`` result read without Tango (``results/files.py``): ``data.json`` or
+``data.jsonl``, plain or compressed; JSON that encodes dataclasses is left to Tango."""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import json
+import lzma
+from pathlib import Path
+
+import pytest
+
+from tango_fairscale.results.files import NotPlainJson, read_json
+
+OPENERS = {"": open, ".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
+
+
+@pytest.mark.parametrize("suffix", list(OPENERS))
+def test_a_single_json_result_reads_compressed_or_not(tmp_path: Path, suffix: str) -> None:
+    with OPENERS[suffix](tmp_path / f"data.json{suffix}", "wt") as file:
+        json.dump({"acc": 0.5, "tasks": ["piqa"]}, file)
+    assert read_json(tmp_path, suffix) == {"acc": 0.5, "tasks": ["piqa"]}
+
+
+@pytest.mark.parametrize("suffix", ["", ".gz"])
+def test_a_json_lines_result_is_its_items(tmp_path: Path, suffix: str) -> None:
+    with OPENERS[suffix](tmp_path / f"data.jsonl{suffix}", "wt") as file:
+        file.write('{"i": 1}\n\n{"i": 2}\n')
+    assert read_json(tmp_path, suffix) == [{"i": 1}, {"i": 2}]
+
+
+def test_the_single_file_wins_and_neither_is_an_error(tmp_path: Path) -> None:
+    (tmp_path / "data.json").write_text("[1]")
+    (tmp_path / "data.jsonl").write_text("2\n")
+    assert read_json(tmp_path, "") == [1]
+    with pytest.raises(FileNotFoundError):
+        read_json(tmp_path / "empty", "")
+
+
+def test_dataclasses_are_left_to_tango(tmp_path: Path) -> None:
+    (tmp_path / "data.json").write_text('{"x": {"_dataclass": "m.C", "a": 1}}')
+    with pytest.raises(NotPlainJson):
+        read_json(tmp_path, "")
