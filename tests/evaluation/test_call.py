@@ -48,7 +48,7 @@ def test_generation_settings_default_to_lm_evals_and_refuse_bad_values() -> None
     with pytest.raises(ConfigurationError, match="max_gen_toks must be a positive integer"):
         GenerationSettings(max_gen_toks=0)
     for seed in (True, 1.0, "1"):
-        with pytest.raises(ConfigurationError, match="generation seed must be an integer"):
+        with pytest.raises(ConfigurationError, match="generation_seed must be an integer"):
             GenerationSettings(seed=seed)  # type: ignore[arg-type]
 
 

@@ -24,15 +24,17 @@ class LaunchCallback(TrainCallback):
 
 
 def make_plan(work_dir: Path, model_dir: Path | None = None, pairs: list | None = None, **options):
-    """A one-device plan of the DDP engine (every ``TrainPlan`` of this file is made here)."""
-    from conftest import engine_config
+    """A one-device plan of the DDP engine (every ``TrainPlan`` of this file is made here;
+    ``options``: its fields, and its runtime block's)."""
+    from conftest import engine_config, with_runtime
 
     config = TrainConfig(
         "launch", work_dir, train_steps=2, checkpoint_every=2, devices=[-1], world_size=1
     )
     model = Lazy(Model, Params({"type": "tango_fairscale::causal_lm", "model": str(model_dir)}))
     engine = Lazy(TrainingEngine, Params(engine_config("tango_fairscale::ddp")))
-    return TrainPlan(config, model, engine, pairs or [], [], 8, 8, **options)
+    fields = with_runtime({"eval_batch_size": 8, **options})
+    return TrainPlan(config, model, engine, pairs or [], [], 8, **fields)
 
 
 def test_component_modules_are_those_registering_every_named_type() -> None:
@@ -69,7 +71,7 @@ def test_types_no_registry_knows_need_no_module() -> None:
 
 
 def test_a_dead_worker_hints_at_resuming_a_timeout_at_the_timeout(tmp_path: Path) -> None:
-    plan = make_plan(tmp_path, collective_timeout_s=90.0)
+    plan = make_plan(tmp_path, collective_timeout_s=90)
     died = WorkerFailed("worker 1 died (signal SIGKILL)")
     assert _hint(died, plan) == "; rerun the same command to resume from the start"
     plan.checkpoints.mkdir()

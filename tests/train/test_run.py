@@ -48,8 +48,9 @@ def make_plan(
     validate_every: int | None = None,
     **plan_options: Any,
 ) -> TrainPlan:
-    """A one-process plan of the DDP engine (every ``TrainPlan`` of this file is made here)."""
-    from conftest import engine_config
+    """A one-process plan of the DDP engine (every ``TrainPlan`` of this file is made here;
+    ``plan_options``: its fields, and its runtime block's)."""
+    from conftest import engine_config, with_runtime
 
     config = TrainConfig(
         "run",
@@ -65,9 +66,8 @@ def make_plan(
     )
     model = Lazy(Model, Params({"type": "tango_fairscale::causal_lm", "model": str(model_dir)}))
     engine = Lazy(TrainingEngine, Params(engine_config("tango_fairscale::ddp")))
-    return TrainPlan(
-        config, model, engine, pairs, validate_tasks or [], BATCH_SIZE, 16, **plan_options
-    )
+    options = with_runtime({"eval_batch_size": 16, **plan_options})
+    return TrainPlan(config, model, engine, pairs, validate_tasks or [], BATCH_SIZE, **options)
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
-"""The training step's settings checked before any process starts (``train/settings.py``): one
-line per bad value, a batch that does not split over the devices, a training task with a chat
-template, and validation tasks that generate under an engine that cannot."""
+"""The training step's hashed settings checked before any process starts (``train/settings.py``):
+one line per bad value, a batch that does not split over the devices, a training task with a
+chat template, and validation tasks that generate under an engine that cannot."""
 
 from __future__ import annotations
 
@@ -13,8 +13,15 @@ from tango.common import Lazy, Params
 from tango.common.exceptions import ConfigurationError
 from tango.integrations.torch import TrainingEngine
 
+from tango_fairscale.evaluation.call import GenerationSettings
 from tango_fairscale.tasks.lm_eval import TaskSpec, load_tasks
-from tango_fairscale.train.settings import TrainSettings, refuse_generation, training_data
+from tango_fairscale.train.plan import TrainRuntime
+from tango_fairscale.train.settings import (
+    TrainComponents,
+    TrainSettings,
+    refuse_generation,
+    training_data,
+)
 
 VALID: dict[str, Any] = {
     "train_steps": 10,
@@ -22,24 +29,17 @@ VALID: dict[str, Any] = {
     "grad_accum": 1,
     "seed": 1,
     "validate_every": None,
-    "checkpoint_every": 5,
-    "keep_checkpoints": 2,
-    "keep_optimizer_state": False,
-    "device_count": 1,
-    "log_every": 1,
-    "eval_batch_size": 32,
-    "distributed_port": None,
-    "preemption_signal": "SIGTERM",
-    "collective_timeout_s": 600,
-    "pack_sequences": None,
     "max_gen_toks": 256,
     "generation_seed": 1234,
 }
 
 
 def settings(**overrides: Any) -> TrainSettings:
-    """Valid settings but for ``overrides`` (every ``TrainSettings`` of this file is made here)."""
-    return TrainSettings(**{**VALID, **overrides})
+    """Valid settings but for ``overrides`` (every ``TrainSettings`` of this file is made here,
+    from the step's arguments of the same names)."""
+    fields = {**VALID, **overrides}
+    generation = GenerationSettings(fields.pop("max_gen_toks"), fields.pop("generation_seed"))
+    return TrainSettings(**fields, generation=generation)
 
 
 def refusal(**overrides: Any) -> str:
@@ -53,45 +53,25 @@ def engine(name: str) -> Lazy[TrainingEngine]:
     return Lazy(TrainingEngine, Params({"type": name}))
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        "train_steps",
-        "batch_size",
-        "grad_accum",
-        "checkpoint_every",
-        "keep_checkpoints",
-        "device_count",
-        "log_every",
-        "eval_batch_size",
-        "collective_timeout_s",
-    ],
-)
+@pytest.mark.parametrize("name", ["train_steps", "batch_size", "grad_accum"])
 @pytest.mark.parametrize("value", [0, -2, 1.5, True])
 def test_counts_must_be_positive_integers(name: str, value: Any) -> None:
     assert refusal(**{name: value}) == f"{name} must be a positive integer, got {value!r}"
 
 
 def test_the_defaults_and_nulls_are_accepted() -> None:
-    made = settings(validate_every=None, pack_sequences=None)
+    made = settings(validate_every=None)
     assert (made.generation.max_gen_toks, made.generation.seed) == (256, 1234)
-    settings(validate_every=3, pack_sequences=True, keep_optimizer_state=True)
+    settings(validate_every=3, seed=-1)
 
 
 @pytest.mark.parametrize(
     "overrides, message",
     [
         ({"validate_every": 0}, "validate_every must be a positive integer or null, got 0"),
-        ({"pack_sequences": "yes"}, "pack_sequences must be true or false, got 'yes'"),
-        ({"keep_optimizer_state": 1}, "keep_optimizer_state must be true or false, got 1"),
-        (
-            {"preemption_signal": "SIGTREM"},
-            "unknown preemption_signal 'SIGTREM'; did you mean 'SIGTERM'?; choose one of "
-            "SIGTERM, SIGUSR1, SIGUSR2, SIGINT",
-        ),
-        ({"preemption_signal": "SIGKILL"}, "unknown preemption_signal 'SIGKILL'"),
+        ({"seed": "42"}, "seed must be an integer, got '42'"),
         ({"max_gen_toks": 0}, "max_gen_toks must be a positive integer, got 0"),
-        ({"generation_seed": "7"}, "generation seed must be an integer, got '7'"),
+        ({"generation_seed": "7"}, "generation_seed must be an integer, got '7'"),
     ],
 )
 def test_bad_values_are_refused_in_one_line(overrides: dict, message: str) -> None:
@@ -102,12 +82,13 @@ def test_a_batch_that_does_not_split_over_devices_and_micro_batches_is_refused(
     tmp_path: Path,
 ) -> None:
     step = SimpleNamespace(unique_id="s", work_dir=tmp_path, name="s", workspace=None)
-    made = settings(batch_size=6, device_count=2, grad_accum=2)
+    parts = TrainComponents(None, engine("tango_fairscale::ddp"), [], None)  # type: ignore[arg-type]
+    made = settings(batch_size=6, grad_accum=2)
     with pytest.raises(ValueError, match="batch_size 6 must be divisible by device_count × grad_a"):
-        made.plan(step, None, engine("tango_fairscale::ddp"), [("q", "a")] * 12, [], [], None)  # type: ignore[arg-type]
+        made.plan(step, TrainRuntime(device_count=2), parts, [("q", "a")] * 12, [])  # type: ignore[arg-type]
     made = settings(batch_size=8)
     with pytest.raises(ValueError, match="only 4 training examples for batch_size 8"):
-        made.plan(step, None, engine("tango_fairscale::ddp"), [("q", "a")] * 4, [], [], None)  # type: ignore[arg-type]
+        made.plan(step, TrainRuntime(), parts, [("q", "a")] * 4, [])  # type: ignore[arg-type]
 
 
 def generation_task() -> TaskSpec:
