@@ -168,6 +168,20 @@ def main_job_figure(data: dict[str, Any]) -> str:
     return "; ".join(parts) or "no run measured"
 
 
+def graph_probe_figure(data: dict[str, Any]) -> str:
+    rows = {r["variant"]: r for r in data.get("summary", [])}
+    parts = [
+        f"`{name}` {row['step_ms']:.1f} ms a step ({row.get('speedup_vs_eager_fp32') or 0:.2f}x "
+        "`eager-fp32`)"
+        for name, row in rows.items()
+        if name.startswith("graph-") and row.get("step_ms")
+    ]
+    verdict = (data.get("parity") or {}).get("verdict", {}).get("graph-bf16-static")
+    if verdict:
+        parts.append(f"parity: {verdict.split(':')[0]}")
+    return "; ".join(parts) or "no graph variant measured"
+
+
 FIGURES = {
     "main_job": main_job_figure,
     "train_speed": train_speed_figure,
@@ -178,6 +192,7 @@ FIGURES = {
     "lm_eval_speed": lm_eval_speed_figure,
     "generation_speed": generation_speed_figure,
     "torch_train_speed": torch_train_speed_figure,
+    "graph_probe": graph_probe_figure,
 }
 
 

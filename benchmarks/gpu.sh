@@ -34,6 +34,7 @@
 #@ multinode | 2 | 540 | two torchrun "nodes" end bit-identical to the single-node run (fsdp2, hybrid_shard, fairscale)
 #@ lm-eval | 1 | 400 | the whole command <= 1/4 of lm-eval hf bf16 at its best batch size (64, 256, auto), a second model <= 1/10 of lm-eval's --cache_requests rerun, scoring >= 3x; PIQA eval-only through tango run
 #@ generation | 1 | 420 | the package's generate_until >= 3x lm-eval's HF backend (generated tokens/s, bf16), GSM8K-shaped: 2,000 prompts x 256 new tokens; whole commands
+#@ graph-probe | 1 | 240 | static-shape packed PIQA steps (bucketed lengths) captured as CUDA graphs against eager steps, bare 124M on one GPU: step and GPU kernel ms against eager fp32 (target <= 1/2), 300-step loss parity, capture cost and buckets of the 2,000-step schedule
 #@ torch-train | 1 | 200 | Tango's torch::train with the fsdp2 engine (bf16-mixed) next to tango_fairscale::train: tokens/s
 # Groups: train-synthetic = train-synthetic-124m train-synthetic-1.5b.
 set -u -o pipefail
@@ -234,6 +235,12 @@ suite_torch_train() {  # torch_train_speed.json: tokens/s of torch::train and of
     --engine fsdp2 --precision bf16-mixed --timeout-s $(( BUDGET / 2 - 5 )) \
     ${BENCH_PROFILE:+--profile "$DIR/profile"} --out "$DIR/torch_train_speed.json"
   [ "$DRY_RUN" = 1 ] || grep '^{' "$DIR/log.txt" | tee -a "$LOG"
+}
+
+suite_graph_probe() {  # graph_probe_GPU.json / .md: eager and graph-captured variants, parity, capture cost
+  step "$BUDGET" "$PY" benchmarks/graph_probe.py "${TINY[@]}" --piqa "$PIQA" --tokenizer "$TOK" \
+    --budget-s $(( BUDGET - 15 )) --variant-timeout-s $(( BUDGET / 2 )) --out "$DIR"
+  [ "$DRY_RUN" = 1 ] || cat "$DIR"/graph_probe_*.md 2>/dev/null | tee -a "$LOG"
 }
 
 suite_multinode() {  # multinode.json: the largest weight difference of each launch to one node
