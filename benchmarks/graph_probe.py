@@ -236,30 +236,10 @@ def prepare_data(args: argparse.Namespace, keep: int) -> dict[str, Any]:
 
 
 def static_loss(wrapper: Any, batch: dict[str, Any]) -> Any:
-    """The static loss of a flat (padded) batch: no host reads, no data-dependent shapes."""
-    import torch
-    import torch.nn.functional as F
+    """The static loss of a flat (padded) batch: the package's graphed steps' own."""
+    from tango_fairscale.parallel.graphs import static_loss as package_static_loss
 
-    from tango_fairscale.model.causal_lm import packed_attention_mask
-    from tango_fairscale.model.loss import _aligned_projection
-
-    mask = packed_attention_mask(batch["position_ids"], batch["query_ids"])
-    if wrapper.model.config._attn_implementation == "eager":  # an additive mask there
-        mask = torch.zeros(mask.shape, device=mask.device).masked_fill_(
-            ~mask, torch.finfo(torch.float32).min
-        )
-    hidden = wrapper.model.base_model(
-        input_ids=batch["input_ids"],
-        position_ids=batch["position_ids"],
-        attention_mask=mask,
-        use_cache=False,
-    ).last_hidden_state
-    weight, bias = _aligned_projection(wrapper.model.get_output_embeddings())
-    logits = F.linear(hidden.flatten(0, 1), weight, bias).float()
-    token_nll = F.cross_entropy(
-        logits, batch["labels"].flatten(), ignore_index=IGNORE_INDEX, reduction="none"
-    )
-    return (token_nll * batch["token_weights"].flatten()).sum()
+    return package_static_loss(wrapper, batch)
 
 
 def autocast(device: Any, bf16: bool) -> Any:

@@ -83,7 +83,7 @@ def scored_row_nll(
         rows = groups.flatten()[positions.to(groups.device)].to(positions.device)
         num_tokens = torch.bincount(rows, minlength=num_groups)
     token_weights = (1.0 / num_tokens.clamp(min=1).float())[rows]
-    weight, bias = _aligned_projection(head)
+    weight, bias = aligned_projection(head)
     tokens = ScoredTokens(
         targets.flatten()[positions].to(device, non_blocking=True),
         token_weights.to(device, non_blocking=True),
@@ -331,7 +331,7 @@ def _compiled_chunk_cross_entropy() -> Any:
 VOCAB_ALIGNMENT = 64
 
 
-def _aligned_projection(head: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+def aligned_projection(head: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The linear ``head``'s weight and bias, the output padded to ``VOCAB_ALIGNMENT`` columns.
 
     The extra rows of the weight are zeros and their bias is ``-inf``, so they add nothing to any

@@ -28,6 +28,7 @@ from ..model.causal_lm import ModelWrapper, move_batch
 from ..records.checkpoints import Identity, run_id
 from ..runtime.process_group import join_process_group
 from . import consolidate
+from .graphs import GraphedSteps, autocast_without_cache
 from .precision import LossScaling, resolve_precision
 from .sharding import ShardingConfig
 from .strategy import Placement, ShardedStrategy, Strategy, unwrap
@@ -67,8 +68,8 @@ class Engine(TrainingEngine):
         self.device = train_config.worker_local_default_device
         self.precision = resolve_precision(precision, self.device)
         self.max_grad_norm = max_grad_norm
-        self.strategy = strategy
         strategy.setup(Placement(self.device, self.precision, train_config))
+        self.strategy = strategy = strategy.on_one_gpu()
         # Our training worker has joined the job's process group; an engine built elsewhere (by
         # Tango's torch::train, say) joins it here. FSDP needs one even alone.
         if strategy.sharded or train_config.is_distributed:
@@ -78,6 +79,10 @@ class Engine(TrainingEngine):
         scaler = strategy.grad_scaler() if self.precision.needs_grad_scaler else None
         self.loss_scaling = LossScaling(scaler)
         self.checkpoint_format = strategy.checkpoint_format()
+        #: Steps replayed from CUDA graphs (:mod:`.graphs`) where they can be: the bare model on
+        #: one GPU, no fp16 loss scaling, no compiled units.
+        replays = self._replays()
+        self.graphs = GraphedSteps(self.wrapped_model, self._capture_context) if replays else None
 
     # --- construction -------------------------------------------------------------------------
 
@@ -127,6 +132,20 @@ class Engine(TrainingEngine):
         (:func:`~tango_fairscale.data.batches.packed_batch`)."""
         return self.strategy.accepts_packed_batches(self.wrapped_model)
 
+    def _replays(self) -> bool:
+        compiled = any(getattr(m, "_compiled_call_impl", None) for m in self.model.modules())
+        return (
+            self.device.type == "cuda"
+            and not self.train_config.is_distributed
+            and self.model is self.wrapped_model
+            and self.grad_scaler is None
+            and not compiled
+        )
+
+    def _capture_context(self) -> Any:
+        precision = self.precision
+        return autocast_without_cache(self.device, precision.compute_dtype, precision.mixed)
+
     # --- the training step --------------------------------------------------------------------
 
     def forward_train(
@@ -134,8 +153,8 @@ class Engine(TrainingEngine):
     ) -> tuple[torch.Tensor, dict[str, Any]]:
         self.strategy.check_micro_batch(micro_batch)
         self._check_batch(micro_batch)
-        if micro_batch_idx == 0:
-            self.optimizer.zero_grad(set_to_none=True)
+        if micro_batch_idx == 0:  # a graph's gradients stay allocated
+            self.optimizer.zero_grad(set_to_none=self.graphs is None)
         if micro_batch_idx < num_micro_batches - 1:
             self._no_sync.enter_context(self.strategy.no_sync(self.model))
         micro_batch = move_batch(micro_batch, self.device)
@@ -175,8 +194,9 @@ class Engine(TrainingEngine):
         )
         # Gradients are not needed again before the next step's first backward: free them now
         # (less memory in validation; FairScale leaves sharded gradients on gathered parameters,
-        # which a compiled unit's next forward would refuse).
-        self.optimizer.zero_grad(set_to_none=True)
+        # which a compiled unit's next forward would refuse) unless a graph writes into them.
+        if self.graphs is None:
+            self.optimizer.zero_grad(set_to_none=True)
         if self.lr_scheduler is not None:
             self.lr_scheduler.step()
 

@@ -48,6 +48,12 @@ class Strategy(ABC):
         work."""
         self.placement = placement
 
+    def on_one_gpu(self) -> Strategy:
+        """The strategy that runs once set up: this one; a sharded one gives way to
+        :class:`OneDeviceStrategy` where it would shard over one GPU (nothing to shard, its
+        wrapper's hooks cost host time every step)."""
+        return self
+
     @abstractmethod
     def wrap(self, model: ModelWrapper) -> torch.nn.Module:
         """``model`` (converted to the precision's dtype) on the device, wrapped."""
@@ -102,6 +108,13 @@ class Strategy(ABC):
         return RankFiles()
 
 
+class OneDeviceStrategy(Strategy):
+    """The bare model on this process's device (Lightning's single-device strategy)."""
+
+    def wrap(self, model: ModelWrapper) -> torch.nn.Module:
+        return model.to(self.placement.device)
+
+
 class ShardedStrategy(Strategy):
     """A sharding wrapper's (``fairscale``, ``fsdp2``): every rank holds its own state; the
     engine's ``sharding`` block."""
@@ -110,6 +123,19 @@ class ShardedStrategy(Strategy):
 
     def __init__(self, sharding: ShardingConfig) -> None:
         self.sharding = sharding
+
+    def on_one_gpu(self) -> Strategy:
+        """On one GPU, with nothing the wrapper does besides sharding (no CPU offload, no
+        activation checkpointing, no compiled units; not fp16, whose sharded grad scaler the
+        GPU tests cover), the bare model: the same training, without the wrapper's host work."""
+        placement, sharding = self.placement, self.sharding
+        alone = placement.job.world_size == 1 and placement.device.type == "cuda"
+        wraps = sharding.cpu_offload or sharding.activation_checkpointing or sharding.compile
+        if not alone or wraps or placement.precision.needs_grad_scaler:
+            return self
+        bare = OneDeviceStrategy()
+        bare.setup(placement)
+        return bare
 
 
 def unwrap(model: torch.nn.Module) -> ModelWrapper:

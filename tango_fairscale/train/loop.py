@@ -114,7 +114,10 @@ def forward_backward(
     engine: Engine, batches: list[dict[str, torch.Tensor]], keep_outputs: bool = False
 ) -> tuple[torch.Tensor, list[dict[str, Any]]]:
     """One step's forward and backward passes over its micro-batches: the step's loss and, with
-    ``keep_outputs``, each micro-batch's outputs."""
+    ``keep_outputs``, each micro-batch's outputs. Replayed from a CUDA graph where the engine
+    has them (:mod:`~tango_fairscale.parallel.graphs`) and the step can be."""
+    if engine.graphs is not None and engine.graphs.takes(batches, keep_outputs):
+        return engine.graphs.forward_backward(batches[0]).clone(), []
     step_loss = torch.zeros((), device=engine.device)
     outputs = []
     for index, batch in enumerate(batches):

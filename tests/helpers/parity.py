@@ -112,7 +112,10 @@ def build_plan(spec: RunSpec, work_dir: Path, model_dir: Path, dataset: Any) -> 
         pairs,
         [task] if spec.validate else [],
         batch_size=8,
-        runtime=TrainRuntime(eval_batch_size=32, pack_sequences=spec.pack_sequences),
+        # The last step's checkpoint keeps its optimizer state: tests resume from it.
+        runtime=TrainRuntime(
+            eval_batch_size=32, pack_sequences=spec.pack_sequences, keep_optimizer_state=True
+        ),
         component_modules=component_modules(model, engine),
     )
 

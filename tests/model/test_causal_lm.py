@@ -22,7 +22,7 @@ from transformers.activations import NewGELUActivation
 
 from tango_fairscale.model import loss as model_module
 from tango_fairscale.model.causal_lm import ModelWrapper
-from tango_fairscale.model.loss import VOCAB_ALIGNMENT, _aligned_projection, scored_row_nll
+from tango_fairscale.model.loss import VOCAB_ALIGNMENT, aligned_projection, scored_row_nll
 
 
 def test_aligned_projection_equals_the_plain_head() -> None:
@@ -30,7 +30,7 @@ def test_aligned_projection_equals_the_plain_head() -> None:
     head = torch.nn.Linear(16, 100, bias=False)
     hidden = torch.randn(7, 16)
     targets = torch.randint(0, 100, (7,))
-    padded = F.linear(hidden, *_aligned_projection(head))
+    padded = F.linear(hidden, *aligned_projection(head))
     assert padded.shape == (7, 128) and 128 % VOCAB_ALIGNMENT == 0
     torch.testing.assert_close(padded[:, :100], head(hidden))
     assert torch.isneginf(padded[:, 100:]).all()
@@ -44,10 +44,10 @@ def test_aligned_projection_equals_the_plain_head() -> None:
 
     biased = torch.nn.Linear(16, 100)
     torch.testing.assert_close(
-        F.linear(hidden, *_aligned_projection(biased))[:, :100], biased(hidden)
+        F.linear(hidden, *aligned_projection(biased))[:, :100], biased(hidden)
     )
     aligned = torch.nn.Linear(16, 128, bias=False)
-    assert _aligned_projection(aligned) == (aligned.weight, None)
+    assert aligned_projection(aligned) == (aligned.weight, None)
 
 
 def test_gelu_is_fused_and_the_model_computes_the_same(tiny_model_dir: Path) -> None:

@@ -1,0 +1,113 @@
+"""Graphed training steps (``parallel/graphs.py``): the static batch and loss equal the model's
+own on packed PIQA batches (CPU); on a GPU the replayed steps follow the eager ones, the sharded
+engines train the bare model on one GPU unless their wrapper does more than shard."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import engine_config
+from tango.common import Lazy, Params
+from tango.integrations.torch import Model, TrainConfig, TrainingEngine
+
+from tango_fairscale.data.batches import training_batch
+from tango_fairscale.data.queries import encode_pairs
+from tango_fairscale.model.causal_lm import ModelWrapper
+from tango_fairscale.parallel.graphs import BUCKET_TOKENS, GraphedSteps, static_batch, static_loss
+from tango_fairscale.tasks.lm_eval import TaskSpec, load_tasks, training_pairs
+
+GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs run on GPUs")
+
+
+@pytest.fixture(scope="module")
+def packed_batches(piqa_small: Any, tiny_model_dir: Path) -> list[dict[str, torch.Tensor]]:
+    """Packed training micro-batches of 8 PIQA examples, as the loop makes them."""
+    model = ModelWrapper(str(tiny_model_dir))
+    task = TaskSpec(name="piqa", dataset=piqa_small)
+    pairs = training_pairs(load_tasks(task)["tasks"]["piqa"], "piqa")[:40]
+    queries = encode_pairs(model.tokenizer, pairs, model.max_length)
+    return [
+        training_batch(queries[i : i + 8], model.pad_token_id, model.max_length, packed=True)
+        for i in range(0, 40, 8)
+    ]
+
+
+def test_the_static_loss_is_the_models_loss(packed_batches, tiny_model_dir) -> None:
+    model = ModelWrapper(str(tiny_model_dir)).eval()
+    for batch in packed_batches:
+        static = static_batch(batch, model.pad_token_id)
+        length = static["input_ids"].shape[1]
+        assert (
+            length % BUCKET_TOKENS == 0 and length - BUCKET_TOKENS < batch["attention_mask"].sum()
+        )
+        assert static["token_weights"].sum().item() == pytest.approx(1.0)
+        with torch.no_grad():
+            expected = model(**batch)["loss"]
+            assert static_loss(model, static).item() == pytest.approx(expected.item(), abs=1e-5)
+
+
+def test_only_one_packed_micro_batch_without_outputs_is_replayed(packed_batches) -> None:
+    padded = {k: v for k, v in packed_batches[0].items() if k not in ("query_ids",)}
+    assert GraphedSteps.takes(packed_batches[:1], keep_outputs=False)
+    assert not GraphedSteps.takes(packed_batches[:2], keep_outputs=False)  # accumulation
+    assert not GraphedSteps.takes(packed_batches[:1], keep_outputs=True)  # callbacks' outputs
+    assert not GraphedSteps.takes([padded], keep_outputs=False)
+
+
+def build(engine: str, model_dir: Path, work_dir: Path, **params: Any) -> Any:
+    config = TrainConfig("graphs", work_dir, devices=[0], world_size=1, is_distributed=False)
+    model = Lazy(Model, Params({"type": "tango_fairscale::causal_lm", "model": str(model_dir)}))
+    return Lazy(TrainingEngine, Params(engine_config(engine, **params))).construct(
+        train_config=config, model=model
+    )
+
+
+def losses(engine: Any, batches: list, steps: int) -> list[float]:
+    from tango_fairscale.train.loop import forward_backward
+
+    found = []
+    for step in range(steps):
+        loss, _ = forward_backward(engine, [batches[step % len(batches)]])
+        engine.step()
+        found.append(loss.item())
+    return found
+
+
+@GPU
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_replayed_steps_follow_the_eager_steps(
+    precision, packed_batches, tiny_model_dir, tmp_path
+) -> None:
+    graphed = build("tango_fairscale::ddp", tiny_model_dir, tmp_path / "g", precision=precision)
+    eager = build("tango_fairscale::ddp", tiny_model_dir, tmp_path / "e", precision=precision)
+    assert graphed.graphs is not None
+    eager.graphs = None
+    replayed, reference = losses(graphed, packed_batches, 20), losses(eager, packed_batches, 20)
+    tolerance = 1e-4 if precision == "32-true" else 2e-2
+    assert max(abs(a - b) for a, b in zip(replayed, reference)) < tolerance, (replayed, reference)
+    assert replayed[-1] < replayed[0]  # it trains
+    assert graphed.graphs.graphs  # captured, one graph per length met
+
+
+@GPU
+def test_a_sharded_engine_trains_the_bare_model_on_one_gpu(tiny_model_dir, tmp_path) -> None:
+    import torch.distributed as dist
+
+    from tango_fairscale.parallel.strategy import OneDeviceStrategy
+
+    try:
+        bare = build("tango_fairscale::fairscale", tiny_model_dir, tmp_path / "a")
+        assert isinstance(bare.strategy, OneDeviceStrategy) and bare.graphs is not None
+        offloaded = build(
+            "tango_fairscale::fairscale",
+            tiny_model_dir,
+            tmp_path / "b",
+            sharding={"cpu_offload": True},
+        )
+        assert offloaded.strategy.sharded and offloaded.graphs is None
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
