@@ -181,6 +181,7 @@ def train_tiny(
                 "device_count": device_count,
                 "validate_every": 10,
                 "checkpoint_every": 5,
+                "defer_checkpoints": False,  # exactly every 5 steps, whatever the disk
                 "log_every": 1,
                 **(step_options or {}),
             }
@@ -224,7 +225,7 @@ def train_in(
     task = TaskSpec(name="piqa", dataset=dataset_dict)
     pairs = training_pairs(load_tasks(task)["tasks"]["piqa"], "piqa")
     # The optimizer state kept at the last step too: a later call continues the run.
-    runtime = TrainRuntime(eval_batch_size=32, keep_optimizer_state=True)
+    runtime = TrainRuntime(eval_batch_size=32, keep_optimizer_state=True, defer_checkpoints=False)
     run_training(TrainPlan(config, model, engine_lazy, pairs, [task], 8, runtime))
 
 

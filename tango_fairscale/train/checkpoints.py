@@ -142,6 +142,11 @@ class BackgroundWriter:
             self.wait()
             barrier()
 
+    @property
+    def busy(self) -> bool:
+        """Whether a write is in flight on this rank."""
+        return self.thread is not None and self.thread.is_alive()
+
     def check(self) -> None:
         """Raise the failure of a finished write, if any (without waiting)."""
         if self.thread is not None and not self.thread.is_alive():

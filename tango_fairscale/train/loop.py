@@ -96,7 +96,7 @@ def train(engine: Engine, plan: TrainPlan) -> dict[str, torch.Tensor] | None:
             if run.is_log_step(done):
                 run.log_step(done, loss, lr, outputs)
             stop = run.validate(done) if run.is_validation_step(done) else False
-            if stop or run.is_checkpoint_step(done):
+            if run.wants_checkpoint(done, stop):
                 run.checkpoint(done)
             if done % run.schedule.steps_per_epoch == 0:
                 run.callbacks.call("post_epoch", step, epoch)

@@ -27,6 +27,9 @@ class TrainRuntime(FromParams):
     :param log_every: steps between logged losses, throughput and memory.
     :param checkpoint_every: steps between checkpoints; a rerun resumes from the newest one whose
         files match its manifest (sizes and SHA-256 digests, recorded while writing).
+    :param defer_checkpoints: a checkpoint due while the one before is still being written (on
+        any rank) is taken at the first step after that write commits, so that the loop never
+        waits for the disk; ``false``: exactly every ``checkpoint_every`` steps, waiting.
     :param keep_checkpoints: complete checkpoints kept while the run trains, the newest ones: once
         a checkpoint is complete, all but the newest ``keep_checkpoints`` are deleted. A rerun
         whose newest checkpoint is damaged (a file missing, truncated, altered, or from another
@@ -55,6 +58,7 @@ class TrainRuntime(FromParams):
     device_count: int = 1
     log_every: int = 10
     checkpoint_every: int = 100
+    defer_checkpoints: bool = True
     keep_checkpoints: int = 2
     keep_optimizer_state: bool = False
     pack_sequences: bool | None = False
@@ -78,6 +82,7 @@ class TrainRuntime(FromParams):
         if self.pack_sequences is not None:
             boolean("runtime.pack_sequences", self.pack_sequences)
         boolean("runtime.keep_optimizer_state", self.keep_optimizer_state)
+        boolean("runtime.defer_checkpoints", self.defer_checkpoints)
         one_of("runtime.preemption_signal", self.preemption_signal, PREEMPTION_SIGNALS)
 
     @property

@@ -18,9 +18,7 @@ from tango.integrations.torch import StopEarly
 from ..data.batches import training_batch
 from ..data.queries import encode_pairs
 from ..data.schedules import BatchSchedule
-from ..evaluation.call import EvalOptions, ModelCall
-from ..evaluation.evaluator import Evaluator
-from ..evaluation.harness import merge, requests_built_once, summary
+from ..evaluation.harness import requests_built_once
 from ..parallel.engine import Engine
 from ..records.checkpoints import run_id
 from ..records.run_info import RunInfo
@@ -35,6 +33,7 @@ from .guards import NonFiniteGuard, any_rank
 from .meter import PhaseClock, Throughput
 from .plan import TrainPlan
 from .progress import TrainingBar
+from .validation import describe_validation, evaluator, first_metric, validate
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +78,7 @@ class TrainingRun:
             plan.runtime.keep_checkpoints,
         )
         self.writer = BackgroundWriter(engine, self.checkpoints, plan.runtime.collective_timeout_s)
+        self.checkpoint_due = False  # a cadence checkpoint not taken yet (its write deferred)
         resumed = resume(engine, plan.checkpoints, self.is_main)
         self.start = int(resumed.get("step", 0))
         if self.start:
@@ -141,6 +141,18 @@ class TrainingRun:
     def is_checkpoint_step(self, done: int) -> bool:
         return _every(done, self.config.checkpoint_every) or done == self.config.train_steps
 
+    def wants_checkpoint(self, done: int, stop: bool) -> bool:
+        """Whether to checkpoint after ``done`` steps: at the cadence, after the last step, on a
+        stop; one due while the previous write is in flight on any rank waits for the first step
+        after it (``runtime.defer_checkpoints``): the loop does not wait for the disk."""
+        if stop or done == self.config.train_steps:
+            return True
+        due = _every(done, self.config.checkpoint_every)
+        if not self.plan.runtime.defer_checkpoints:
+            return due
+        self.checkpoint_due = self.checkpoint_due or due
+        return self.checkpoint_due and not any_rank(self.writer.busy, self.engine.device)
+
     def is_validation_step(self, done: int) -> bool:
         last = done == self.config.train_steps
         return bool(self.validation) and (last or _every(done, self.config.validate_every))
@@ -187,7 +199,7 @@ class TrainingRun:
             )
         self.throughput.skip()
         self.bar.skip()
-        value = metrics.get(self.plan.val_metric or _first_metric(metrics))
+        value = metrics.get(self.plan.val_metric or first_metric(metrics))
         if not isinstance(value, (int, float)):
             return False
         self.best = value if self.best is None else max(self.best, value)
@@ -210,6 +222,7 @@ class TrainingRun:
         model_only = done == self.plan.train_steps and not self.plan.runtime.keep_optimizer_state
         self.clock.lap("steps")
         self.writer.save(done, extra, wait=wait, model_only=model_only)
+        self.checkpoint_due = False
         self.clock.lap("checkpoints")
         self.throughput.skip()
         self.bar.skip()
@@ -260,28 +273,6 @@ class StepLoss:
         return float(self._host)
 
 
-def evaluator(engine: Engine, plan: TrainPlan) -> Evaluator:
-    """The evaluator of validation: every rank answering its share through the engine."""
-    options = EvalOptions(
-        batch_size=plan.runtime.eval_batch_size,
-        packed=plan.packed,
-        progress=plan.config.is_local_main_process,
-    )
-    return Evaluator(ModelCall.of_engine(engine), options, plan.generation)
-
-
-def validate(engine: Engine, evaluator: Evaluator, tasks: list) -> dict[str, Any]:
-    """lm-eval's metrics of the validation tasks (the flat summary of
-    :func:`~tango_fairscale.evaluation.harness.summary`), every rank answering its share through
-    the engine."""
-    engine.model.eval()
-    try:
-        results = [evaluator.evaluate(spec, loaded, samples=False) for spec, loaded in tasks]
-        return summary(merge(results))
-    finally:
-        engine.model.train()
-
-
 def write_run_info(path: Path, engine: Engine, plan: TrainPlan) -> None:
     """What this run resolved (:class:`~tango_fairscale.records.run_info.RunInfo`) into ``path``."""
     RunInfo(
@@ -321,30 +312,3 @@ def _reduce_over_ranks(loss: torch.Tensor, tokens: int) -> tuple[float, int]:
         values[0] /= dist.get_world_size()
     mean_loss, total = values.tolist()
     return mean_loss, int(total)
-
-
-def _first_metric(metrics: dict[str, Any]) -> str:
-    """The default ``val_metric``: the first task's first metric (``acc`` for most tasks)."""
-    return next((key for key in metrics if "/" in key and "stderr" not in key), "")
-
-
-def describe_validation(metrics: dict[str, Any]) -> str:
-    """``task: metric value ± stderr, ... (N examples); task: ...`` of a validation's flat
-    summary (:func:`~tango_fairscale.evaluation.harness.summary`)."""
-    tasks: dict[str, list[str]] = {}
-    examples: dict[str, Any] = {}
-    for key, value in metrics.items():
-        task, _, metric = key.rpartition("/")
-        if not task or metric.endswith("_stderr") or not isinstance(value, (int, float)):
-            continue
-        if metric == "num_examples":
-            examples[task] = value
-            continue
-        stderr = metrics.get(f"{key}_stderr")
-        spread = f" ± {stderr:.4f}" if isinstance(stderr, (int, float)) else ""
-        tasks.setdefault(task, []).append(f"{metric} {value:.4f}{spread}")
-    return "; ".join(
-        f"{task}: {', '.join(shown)}"
-        + (f" ({examples[task]} examples)" if task in examples else "")
-        for task, shown in tasks.items()
-    )

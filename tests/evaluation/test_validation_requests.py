@@ -19,7 +19,7 @@ from tango_fairscale.evaluation.evaluator import Evaluator
 from tango_fairscale.evaluation.harness import merge, requests_built_once, summary
 from tango_fairscale.model.causal_lm import ModelWrapper
 from tango_fairscale.tasks.lm_eval import TaskSpec, load_tasks
-from tango_fairscale.train.run import validate
+from tango_fairscale.train.validation import validate
 
 
 @pytest.fixture(scope="module")

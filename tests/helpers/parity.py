@@ -114,7 +114,10 @@ def build_plan(spec: RunSpec, work_dir: Path, model_dir: Path, dataset: Any) -> 
         batch_size=8,
         # The last step's checkpoint keeps its optimizer state: tests resume from it.
         runtime=TrainRuntime(
-            eval_batch_size=32, pack_sequences=spec.pack_sequences, keep_optimizer_state=True
+            eval_batch_size=32,
+            pack_sequences=spec.pack_sequences,
+            keep_optimizer_state=True,
+            defer_checkpoints=False,  # exactly at the cadence: tests resume from those steps
         ),
         component_modules=component_modules(model, engine),
     )

@@ -49,6 +49,7 @@ def test_counts_must_be_positive_integers(name: str, value: Any) -> None:
     [
         ({"pack_sequences": "yes"}, "runtime.pack_sequences must be true or false, got 'yes'"),
         ({"keep_optimizer_state": 1}, "runtime.keep_optimizer_state must be true or false"),
+        ({"defer_checkpoints": "no"}, "runtime.defer_checkpoints must be true or false"),
         ({"distributed_port": 0}, "runtime.distributed_port must be a positive integer or null"),
         (
             {"preemption_signal": "SIGTREM"},

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tango_fairscale.train import progress
-from tango_fairscale.train.run import describe_validation
+from tango_fairscale.train.validation import describe_validation
 
 
 def test_the_remaining_time_leaves_pauses_out(monkeypatch: pytest.MonkeyPatch) -> None:

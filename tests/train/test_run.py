@@ -26,10 +26,10 @@ from tango_fairscale.train.loop import TrainPlan, build_engine
 from tango_fairscale.train.run import (
     StepLoss,
     TrainingRun,
-    _first_metric,
     export_final_weights,
     write_run_info,
 )
+from tango_fairscale.train.validation import first_metric
 
 BATCH_SIZE = 8
 
@@ -66,7 +66,7 @@ def make_plan(
     )
     model = Lazy(Model, Params({"type": "tango_fairscale::causal_lm", "model": str(model_dir)}))
     engine = Lazy(TrainingEngine, Params(engine_config("tango_fairscale::ddp")))
-    options = with_runtime({"eval_batch_size": 16, **plan_options})
+    options = with_runtime({"eval_batch_size": 16, "defer_checkpoints": False, **plan_options})
     return TrainPlan(config, model, engine, pairs, validate_tasks or [], BATCH_SIZE, **options)
 
 
@@ -122,6 +122,28 @@ def test_packed_runs_pack_their_batches(
     assert batch["input_ids"].shape[0] < BATCH_SIZE  # several queries share a row
     real = int((unpacked["labels"] != -100).sum())
     assert int((batch["labels"] != -100).sum()) == real  # the same targets
+
+
+def test_a_checkpoint_due_during_a_write_waits_for_the_step_after_it(
+    tmp_path: Path, tiny_model_dir: Path, pairs: list, runs: list, monkeypatch
+) -> None:
+    """``defer_checkpoints`` (the default): the cadence's checkpoint at step 3 waits while the
+    previous write is in flight and is taken at the first step after; the last step's and a
+    stop's never wait; off, exactly at the cadence."""
+    from tango_fairscale.train.checkpoints import BackgroundWriter
+
+    run = start(make_plan(tmp_path / "a", tiny_model_dir, pairs, defer_checkpoints=True), runs)
+    writing = [True]
+    monkeypatch.setattr(BackgroundWriter, "busy", property(lambda self: writing[0]))
+    assert [run.wants_checkpoint(done, False) for done in (1, 2, 3, 4, 5)] == [False] * 5
+    assert run.wants_checkpoint(10, False) and run.wants_checkpoint(5, True)  # last, stop
+    writing[0] = False
+    assert run.wants_checkpoint(5, False)  # step 3's, now
+    run.checkpoint_due = False  # as checkpoint() leaves it
+    assert not run.wants_checkpoint(7, False)
+    exact = start(make_plan(tmp_path / "b", tiny_model_dir, pairs), runs)
+    writing[0] = True
+    assert [done for done in range(1, 11) if exact.wants_checkpoint(done, False)] == [3, 6, 9, 10]
 
 
 def test_which_steps_log_checkpoint_and_validate(
@@ -267,7 +289,7 @@ def test_a_step_loss_reads_the_value_it_was_given() -> None:
     assert loss.step == 3 and loss.value() == 2.5
 
 
-def test_the_default_validation_metric_is_the_first_tasks_first_metric() -> None:
+def test_the_default_validation_metric_is_the_first_tasksfirst_metric() -> None:
     metrics = {
         "piqa/acc_stderr": 0.1,
         "piqa/acc": 0.5,
@@ -275,5 +297,5 @@ def test_the_default_validation_metric_is_the_first_tasks_first_metric() -> None
         "boolq/acc": 0.7,
         "acc": 0.5,
     }
-    assert _first_metric(metrics) == "piqa/acc"
-    assert _first_metric({"acc": 0.5}) == ""
+    assert first_metric(metrics) == "piqa/acc"
+    assert first_metric({"acc": 0.5}) == ""
