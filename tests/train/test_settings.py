@@ -9,6 +9,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from evaluation.test_generation_refusals import task as generation_task
 from tango.common import Lazy, Params
 from tango.common.exceptions import ConfigurationError
 from tango.integrations.torch import TrainingEngine
@@ -91,28 +92,10 @@ def test_a_batch_that_does_not_split_over_devices_and_micro_batches_is_refused(
         made.plan(step, TrainRuntime(), parts, [("q", "a")] * 4, [])  # type: ignore[arg-type]
 
 
-def generation_task() -> TaskSpec:
-    """A small ``generate_until`` task over two documents in memory."""
-    from tango.common.dataset_dict import DatasetDict
-
-    documents = [{"q": "one", "a": "1"}, {"q": "two", "a": "2"}]
-    config = {
-        "task": "tiny_generation",
-        "dataset_path": "json",
-        "test_split": "test",
-        "output_type": "generate_until",
-        "doc_to_text": "Q: {{q}}\nA:",
-        "doc_to_target": "{{a}}",
-        "generation_kwargs": {"until": ["\n"], "do_sample": False, "max_gen_toks": 4},
-        "metric_list": [{"metric": "exact_match"}],
-    }
-    return TaskSpec(config=config, dataset=DatasetDict(splits={"test": documents}))
-
-
 def test_only_an_engine_that_cannot_generate_refuses_generating_tasks(
     tmp_path: Path, piqa_small: Any
 ) -> None:
-    generating = load_tasks(generation_task())
+    generating = load_tasks(generation_task(tmp_path))
     with pytest.raises(ConfigurationError) as error:
         refuse_generation(engine("tango_fairscale::pipe"), generating)
     assert str(error.value).startswith("validation task 'tiny_generation': the pipe engine")
@@ -129,7 +112,7 @@ def test_training_data_is_the_tasks_pairs_validated_on_the_task_by_default(
     pairs, validation = training_data(task, None, engine("tango_fairscale::ddp"))
     assert len(pairs) == len(piqa_small["train"]) and validation == [task]
     assert all(isinstance(c, str) and isinstance(a, str) for c, a in pairs)
-    other = generation_task()
+    other = generation_task(tmp_path)
     assert training_data(task, [other], engine("tango_fairscale::ddp"))[1] == [other]
     with pytest.raises(ConfigurationError, match="'tiny_generation': the pipe engine"):
         training_data(task, [other], engine("tango_fairscale::pipe"))
