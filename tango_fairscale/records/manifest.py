@@ -136,8 +136,10 @@ class Manifest:
             raise ValueError("not JSON") from None
         if not isinstance(body, dict) or body.pop("digest", None) != _digest(body):
             raise ValueError("its content does not match its digest")
-        if body.get("version") != MANIFEST_VERSION or not isinstance(body.get("format"), str):
+        if body.get("version") != MANIFEST_VERSION:
             raise ValueError(f"version {body.get('version')!r}; this tango_fairscale reads 1")
+        if not isinstance(body.get("format"), str):
+            raise ValueError(f"format {body.get('format')!r}, not a format's name")
         model_only = body.get("model_only", False)
         if not isinstance(model_only, bool):
             raise ValueError(f"model_only is {model_only!r}, not a boolean")
