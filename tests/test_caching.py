@@ -54,13 +54,14 @@ train = TrainStep(
     engine=Lazy(TrainingEngine, Params(engine)), task=task, train_steps=2,
 )
 requests = TaskRequestsStep(task=task)
-print(json.dumps([scores.unique_id, train.unique_id, requests.unique_id]))
+print(json.dumps([scores.unique_id, train.unique_id, requests.unique_id, hash("hash seed")]))
 """
 
 
-def step_ids(model_dir: Path, task_dir: Path, hash_seed: str) -> list[str]:
-    """The unique ids of a scoring, a train and a requests step over ``model_dir``, computed in a
-    fresh process with ``PYTHONHASHSEED=hash_seed``."""
+def step_ids(model_dir: Path, task_dir: Path, hash_seed: str) -> list[Any]:
+    """The unique ids of a scoring, a train and a requests step over ``model_dir``, then the hash
+    of a string (which tells the hash seed), computed in a fresh process with
+    ``PYTHONHASHSEED=hash_seed``."""
     done = subprocess.run(
         [sys.executable, "-c", STEP_IDS, str(model_dir), str(task_dir)],
         env={**os.environ, "PYTHONHASHSEED": hash_seed},
@@ -75,8 +76,14 @@ def step_ids(model_dir: Path, task_dir: Path, hash_seed: str) -> list[str]:
 
 @pytest.mark.slow
 def test_step_ids_do_not_depend_on_the_hash_seed(tiny_model_dir: Path) -> None:
+    """A fresh process with one hash seed and this one with another (one interpreter started,
+    not two): the same ids."""
     task_dir = FIXTURE_TASKS / "piqa"
-    assert step_ids(tiny_model_dir, task_dir, "1") == step_ids(tiny_model_dir, task_dir, "2")
+    seed = "2" if os.environ.get("PYTHONHASHSEED") == "1" else "1"
+    *there, there_hash = step_ids(tiny_model_dir, task_dir, seed)
+    assert there_hash != hash("hash seed")  # the two processes' hash seeds differ
+    here = in_process_ids(tiny_model_dir, task_dir)
+    assert there == [here["scores"], here["train"], here["requests"]]
 
 
 def in_process_ids(model_dir: Path, task_dir: Path) -> dict[str, str]:

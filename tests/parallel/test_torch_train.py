@@ -25,6 +25,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from conftest import REPO_ROOT, assert_close_by_key, engine_config, train_in, training_queries
+from helpers.parity import RunSpec, define, run_param
 from tango.common import DatasetDict, Lazy, Params
 from tango.common.exceptions import ConfigurationError
 from tango.integrations.torch import DataLoader, Model, TrainCallback, TrainingEngine
@@ -268,10 +269,24 @@ def test_the_example_config_refuses_pipe_on_two_processes_in_one_line(
     assert not (tmp_path / "ws").exists()  # refused before the workspace, let alone a worker
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("engine", ["tango_fairscale::fairscale", "tango_fairscale::fsdp2"])
+#: Our loop's 2-process runs of ``STEPS`` steps, the references of the resumed ``torch::train``
+#: runs: trained with the other parity runs of 2 processes (one process group), not in a group of
+#: their own. Validation and checkpoints change no weight.
+TWO_PROCESS_RUNS = {
+    engine: define(f"{engine}/{STEPS}-steps", RunSpec(engine, 2, train_steps=STEPS))
+    for engine in ("fairscale", "fsdp2")
+}
+
+
+@pytest.mark.parametrize(
+    "engine",
+    [
+        run_param(f"tango_fairscale::{engine}", name, id=engine, slow=True)
+        for engine, name in TWO_PROCESS_RUNS.items()
+    ],
+)
 def test_two_processes_match_our_step_across_a_resume(
-    engine: str, ours, tmp_path: Path, tiny_model_dir: Path, piqa_small, monkeypatch
+    engine: str, trained_run, tmp_path: Path, tiny_model_dir: Path, piqa_small, monkeypatch
 ) -> None:
     from tango.common.logging import initialize_logging, teardown_logging
 
@@ -287,7 +302,8 @@ def test_two_processes_match_our_step_across_a_resume(
     finally:
         teardown_logging()
     assert (work_dir / "resumed-at").read_text() == "2"
-    assert_bitwise_same_weights(result, work_dir, ours(engine, 2))
+    reference = trained_run(TWO_PROCESS_RUNS[engine.split("::")[1]]).state_dict()
+    assert_bitwise_same_weights(result, work_dir, reference)
 
 
 @pytest.mark.slow
