@@ -33,7 +33,7 @@ import numpy as np
 import pytest
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 CONFIG = "configs/gpt2_piqa.jsonnet"
 NUM_VALIDATION = 1838
 STEPS = ("piqa", "trained_model", "requests", "predictions", "metrics")

@@ -1,8 +1,8 @@
 """Each compatibility fix is needed (the case fails without it) and sufficient (it runs with it).
 
-The FairScale cases run ``tests/compat/fairscale_probe.py``: each probe in a process of its own
-(forked from one that imported torch and FairScale once, before any fix), since the fixes patch
-modules process-wide.
+The FairScale cases run ``fairscale_probe.py`` (beside this file): each probe in a process of its
+own (forked from one that imported torch and FairScale once, before any fix), since the fixes
+patch modules process-wide.
 """
 
 import json
@@ -61,16 +61,3 @@ def test_fix_is_needed_and_sufficient(probes, world_size, case, needed, also, er
 def test_mixed_precision_gradients_are_fp32_at_world_size_1(probes) -> None:
     result = probes[1, "mixed", (STREAMS, "fp32_reduce_scatter")]
     assert "gradient dtypes: torch.float32\n" in result["stdout"]
-
-
-def test_tango_runs_in_a_repository_without_origin(tmp_path, monkeypatch) -> None:
-    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
-    monkeypatch.chdir(tmp_path)
-    from tango.step_info import EnvironmentMetadata, GitMetadata
-
-    with pytest.raises(ValueError):  # Tango's own lookup: no commit, no origin
-        GitMetadata.check_for_repo()
-
-    import tango_fairscale.compat  # noqa: F401  (applies the fix)
-
-    assert EnvironmentMetadata().git is None

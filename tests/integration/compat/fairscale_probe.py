@@ -1,10 +1,11 @@
 """Probe FairScale FSDP on CPU with chosen compat fixes applied (run by tests/compat/test_fixes.py).
 
-    python tests/compat/fairscale_probe.py WORLD_SIZE CASE [FIX ...]
+    python tests/integration/compat/fairscale_probe.py WORLD_SIZE CASE [FIX ...]
 
 Exits 0 when the case runs, 1 with the error's type and message on stderr when it fails.
 
-    python tests/compat/fairscale_probe.py --many '[[WORLD_SIZE, CASE, [FIX, ...]], ...]'
+    python tests/integration/compat/fairscale_probe.py --many \
+        '[[WORLD_SIZE, CASE, [FIX, ...]], ...]'
 
 runs each probe in a process forked from this one (torch and FairScale imported once, nothing
 patched: the fixes are applied in the probe's own ranks) and prints, as JSON, each probe's exit
