@@ -1,9 +1,10 @@
 """What a refusal prints through real commands (~8 CPU-s each), counting the lines on the terminal:
 an unknown engine (refused by the config's Jsonnet, under ``python -m tango_fairscale run``), a
 malformed PIQA file (a step that fails in a run: the traceback is in ``runs/<name>/out.log``, the
-step is recorded failed), and in the slow tier a model path that does not exist (refused while
-Tango builds the step graph, under ``tango run``) and the failing step under torchrun. The same
-refusals through Tango's logging in this process are ``tests/test_terminal_errors.py``."""
+step is recorded failed), and in the slow tier the failing step under torchrun. A model path that
+does not exist (refused while Tango builds the step graph, under ``tango run``) is
+``test_gpt2_piqa_runs.py``'s ``no_model`` run. The same refusals through Tango's logging in this
+process are ``tests/test_terminal_errors.py``."""
 
 from __future__ import annotations
 
@@ -33,14 +34,6 @@ def assert_one_line(done: subprocess.CompletedProcess, message: str) -> None:
     assert done.stdout == "", done.stdout
     lines = done.stderr.splitlines()
     assert len(lines) == 1 and message in lines[0], done.stderr[-3000:]
-
-
-@pytest.mark.slow  # ~9 CPU-s; test_gpt2_piqa_runs.py's default tier runs the same command
-def test_a_missing_model_path_under_tango_run(tmp_path: Path, piqa_dir: Path) -> None:
-    defines = ["model=/nonexistent/dir", f"data_dir={piqa_dir}", "train_steps=0", "limit=4"]
-    command = [sys.executable, "-m", "tango", "run", "configs/gpt2_piqa.jsonnet"]
-    done = run(command + ["-w", str(tmp_path / "ws")] + [a for d in defines for a in ("-D", d)])
-    assert_one_line(done, "cannot load model from path '/nonexistent/dir' (no such directory)")
 
 
 def test_an_unknown_engine_under_the_launcher(tmp_path: Path, tiny_model_dir: Path) -> None:

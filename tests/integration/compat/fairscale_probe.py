@@ -1,4 +1,4 @@
-"""Probe FairScale FSDP on CPU with chosen compat fixes applied (run by tests/compat/test_fixes.py).
+"""Probe FairScale FSDP on CPU with chosen compat fixes applied (run by test_fairscale_fixes.py).
 
     python tests/integration/compat/fairscale_probe.py WORLD_SIZE CASE [FIX ...]
 
