@@ -27,7 +27,7 @@ import torch.multiprocessing as mp
 
 def load_compat():
     """tango_fairscale/compat/fairscale.py alone (it imports nothing of the package)."""
-    path = Path(__file__).resolve().parents[2] / "tango_fairscale" / "compat" / "fairscale.py"
+    path = Path(__file__).resolve().parents[3] / "tango_fairscale" / "compat" / "fairscale.py"
     spec = importlib.util.spec_from_file_location("compat", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
