@@ -8,10 +8,12 @@ process (training on one process included), and all of them are in the default t
 together; the faults of a 2-process run), the real commands (``tango run``, ``python -m
 tango_fairscale run``, torchrun, the SLURM example; ``integration/commands/``), and lm-eval's own
 evaluation as the reference of the package's scores. They are marked ``integration``
-(``pytest -m integration`` selects them) and are in the slow tier, except at least one per engine
-(ddp, fairscale, fsdp2, pipe) and a few one-line refusals of the commands, which the default tier
-runs. A unit test may start one short-lived process where the fact is about a fresh process
-(what an import pulls in, a command's exit status) or build a fixture with one.
+(``pytest -m integration`` selects them) and are in the slow tier, except what the default tier
+runs of them: one 2-process parity test per engine (ddp, fairscale, fsdp2, pipe) and a few quick
+ones (the commands' one-line refusals, the spawned workers' own behaviour, one comparison with
+lm-eval per kind of request). A unit test may start one short-lived process where the fact is
+about a fresh process (what an import pulls in, a command's exit status) or build a fixture with
+one (``test_results.py``'s workspace).
 
 The official PIQA files and the GPT-2 tokenizer are read from the directory named by the
 environment variable ``TANGO_FAIRSCALE_SHARED_DATA`` (``.ci/run`` sets it to ``../shared/data``).
