@@ -7,9 +7,12 @@
 # third of the time (its own work is one process; its process groups wait on each other). They
 # take about equal shares of the work:
 #   * the package's own tests (tests/parallel, tests/train, tests/model, tests/evaluation,
-#     tests/compat); the parity runs of the first three train together in one process group per
-#     world size, so those must share one session;
-#   * the commands' tests (tango run, torchrun, caching, the results CLI, ...), printed after.
+#     tests/compat, unit and integration: tests/integration/<the same>; tests/data, tests/tasks,
+#     tests/records, tests/results, tests/helpers); the parity runs of the first three
+#     (tests/integration/{parallel,train,model}) train together in one process group per world
+#     size, so those must share one session;
+#   * the commands' tests (tests/test_*.py, tests/runtime, tests/integration/{commands,runtime}:
+#     tango run, torchrun, SLURM, caching, the results CLI, ...), printed after.
 # Each session keeps to one intra-op thread (OMP_NUM_THREADS=1, as under torchrun): two sessions
 # of two threads each would oversubscribe the cores. mypy checks meanwhile; its report comes
 # last. Any of the three failing fails the command.
@@ -20,6 +23,9 @@ bash scripts/setup.sh
 
 export OMP_NUM_THREADS=1
 package=(tests/parallel tests/train tests/model tests/evaluation tests/compat)
+package+=(tests/integration/parallel tests/integration/train tests/integration/model)
+package+=(tests/integration/evaluation tests/integration/compat)
+package+=(tests/data tests/tasks tests/records tests/results tests/helpers)
 pytest_args=(-q -m "slow or not slow" --durations=10)
 scratch="$(mktemp -d)"
 trap 'rm -rf "$scratch"' EXIT

@@ -1,5 +1,20 @@
 """Shared test fixtures.
 
+Two layers. ``tests/<package>/test_<module>.py`` (and the top-level ``tests/test_<module>.py`` of
+the package's top-level modules and commands) are the unit tests of that module: they run in this
+process (training on one process included), and all of them are in the default tier (``pytest``).
+``tests/integration/<package>/`` holds the integration tests: several processes working together
+(the parity runs of every engine against DDP, ``helpers/parity.py``; ranks scoring and generating
+together; the faults of a 2-process run), the real commands (``tango run``, ``python -m
+tango_fairscale run``, torchrun, the SLURM example; ``integration/commands/``), and lm-eval's own
+evaluation as the reference of the package's scores. They are marked ``integration``
+(``pytest -m integration`` selects them) and are in the slow tier, except what the default tier
+runs of them: one 2-process parity test per engine (ddp, fairscale, fsdp2, pipe) and a few quick
+ones (the commands' one-line refusals, the spawned workers' own behaviour, one comparison with
+lm-eval per kind of request). A unit test may start one short-lived process where the fact is
+about a fresh process (what an import pulls in, a command's exit status) or build a fixture with
+one (``test_results.py``'s workspace).
+
 The official PIQA files and the GPT-2 tokenizer are read from the directory named by the
 environment variable ``TANGO_FAIRSCALE_SHARED_DATA`` (``.ci/run`` sets it to ``../shared/data``).
 Tests that need it fail, never skip, when it is missing.
@@ -26,6 +41,16 @@ def _register_components() -> None:
 
 
 _register_components()
+
+
+INTEGRATION = Path(__file__).parent / "integration"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test under ``tests/integration/`` is marked ``integration``."""
+    for item in items:
+        if INTEGRATION in item.path.parents:
+            item.add_marker(pytest.mark.integration)
 
 
 @pytest.fixture(autouse=True)
@@ -90,6 +115,22 @@ def save_tiny_gpt2(
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> Path:
     return save_tiny_gpt2(tmp_path_factory.mktemp("tiny-gpt2"), tokenizer_dir)
+
+
+@pytest.fixture(scope="session")
+def family_model_dir(tmp_path_factory, tokenizer_dir):
+    """``family_model_dir(name)``: the family's tiny model (``helpers/families.py``), saved once."""
+    from helpers.families import save_tiny_model
+
+    saved: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in saved:
+            directory = tmp_path_factory.mktemp(name)
+            saved[name] = save_tiny_model(name, directory, tokenizer_dir)
+        return saved[name]
+
+    return get
 
 
 @contextlib.contextmanager

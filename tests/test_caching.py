@@ -1,8 +1,5 @@
-"""Cache keys: the same command is the same steps in every process, and a model or task data
-directory changed in place is computed again.
+"""Cache keys: a model or task data directory changed in place is computed again.
 
-* the unique ids of a scoring step (a constructed model) and a train step (a ``Lazy`` model) do
-  not depend on Python's hash seed (a pickled model held ``GenerationConfig``'s salted hash);
 * overwriting a model directory or a task's data directory in place changes the ids of the steps
   that read it, and only theirs; so does editing in place any other local file a step reads: a
   PIQA file, a file a task ``config`` or YAML names in ``dataset_kwargs.data_files`` (a string, a
@@ -10,22 +7,17 @@ directory changed in place is computed again.
   included YAML, a ``!function`` module; a task config's labels flipped in place and scored
   again through a workspace give the new metrics;
 * a task's requests step (``task_requests``) does not depend on the model: its id stays when
-  the model changes and changes with every local file the task reads;
-* (slow) through ``tango run``: ``configs/gpt2_piqa.jsonnet`` (``train_steps=0`` and ``2``) and
-  ``configs/mc_suite.jsonnet`` (local task directories) rerun under another hash seed start no
-  step; another model on the same tasks in the same workspace starts no requests step; after a
-  directory is overwritten in place, exactly the steps that read it run again;
-  PIQA labels flipped in place give the new metrics.
+  the model changes and changes with every local file the task reads.
+
+The same command in other processes (another hash seed, ``tango run`` reruns) is
+``tests/integration/commands/test_cache_reruns.py``.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import os
 import shutil
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,49 +26,6 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FIXTURE_TASKS = REPO_ROOT / "tests" / "fixtures" / "tasks"
-
-STEP_IDS = """
-import json, sys
-from tango.common import Lazy, Params
-from tango.integrations.torch import Model, TrainingEngine
-from tango_fairscale.evaluation.steps import TaskScoresStep
-from tango_fairscale.model.causal_lm import ModelWrapper
-from tango_fairscale.tasks.lm_eval import TaskSpec
-from tango_fairscale.tasks.requests import TaskRequestsStep
-from tango_fairscale.train.step import TrainStep
-import tango_fairscale.parallel.ddp
-model_dir, task_dir = sys.argv[1:]
-task = TaskSpec(name="piqa", data_dir=task_dir)
-scores = TaskScoresStep(model=ModelWrapper(model_dir), task=task)
-engine = {"type": "tango_fairscale::ddp", "optimizer": {"type": "torch::AdamW"}}
-train = TrainStep(
-    model=Lazy(Model, Params({"type": "tango_fairscale::causal_lm", "model": model_dir})),
-    engine=Lazy(TrainingEngine, Params(engine)), task=task, train_steps=2,
-)
-requests = TaskRequestsStep(task=task)
-print(json.dumps([scores.unique_id, train.unique_id, requests.unique_id]))
-"""
-
-
-def step_ids(model_dir: Path, task_dir: Path, hash_seed: str) -> list[str]:
-    """The unique ids of a scoring, a train and a requests step over ``model_dir``, computed in a
-    fresh process with ``PYTHONHASHSEED=hash_seed``."""
-    done = subprocess.run(
-        [sys.executable, "-c", STEP_IDS, str(model_dir), str(task_dir)],
-        env={**os.environ, "PYTHONHASHSEED": hash_seed},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO_ROOT,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-@pytest.mark.slow
-def test_step_ids_do_not_depend_on_the_hash_seed(tiny_model_dir: Path) -> None:
-    task_dir = FIXTURE_TASKS / "piqa"
-    assert step_ids(tiny_model_dir, task_dir, "1") == step_ids(tiny_model_dir, task_dir, "2")
 
 
 def in_process_ids(model_dir: Path, task_dir: Path) -> dict[str, str]:
@@ -318,119 +267,3 @@ def test_a_task_config_rescored_after_its_data_files_changed_in_place(
     documents = [json.loads(line) for line in test.read_text().splitlines()]
     test.write_text("".join(json.dumps({**d, "label": 1 - d["label"]}) + "\n" for d in documents))
     assert accuracy() == pytest.approx(1 - before)
-
-
-# Through tango run (slow) ------------------------------------------------------------------------
-
-
-def tango_run(
-    config: str, workspace: Path, defines: dict[str, str], hash_seed: str, name: str | None = None
-) -> str:
-    """``tango run config -w workspace [-n name] -D ...`` from the repository root; its output."""
-    command = [sys.executable, "-m", "tango", "run", config, "-w", str(workspace)]
-    command += ["-n", name] if name is not None else []
-    for name, value in defines.items():
-        command += ["-D", f"{name}={value}"]
-    env = {**os.environ, "PYTHONHASHSEED": hash_seed, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600
-    )
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output[-4000:]
-    return output
-
-
-def started(output: str) -> set[str]:
-    """The steps a ``tango run`` output says it started."""
-    return {line.split('"')[1] for line in output.splitlines() if 'Starting step "' in line}
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("train_steps", ["0", "2"])
-def test_gpt2_piqa_reruns_start_no_step_until_the_model_changes(
-    tmp_path: Path, tokenizer_dir: Path, piqa_dir: Path, train_steps: str
-) -> None:
-    """Evaluation only (``0``) goes on in the same workspace: PIQA's labels flipped in place
-    give the new metrics (:func:`rerun_after_labels_flipped_gives_the_new_metrics`)."""
-    from conftest import save_tiny_gpt2
-
-    from tango_fairscale.tasks.piqa import PIQA_FILES
-
-    model_dir = save_tiny_gpt2(tmp_path / "model", tokenizer_dir, seed=1, n_positions=256)
-    data_dir = tmp_path / "piqa"  # a copy: the labels test below edits it in place
-    data_dir.mkdir()
-    for name in PIQA_FILES:
-        shutil.copy(piqa_dir / name, data_dir / name)
-    defines = {
-        "model": str(model_dir),
-        "data_dir": str(data_dir),
-        "train_steps": train_steps,
-        "limit": "8",
-        "engine": "ddp",
-        "batch_size": "4",
-        "validate_every": "2",
-    }
-    config, workspace = "configs/gpt2_piqa.jsonnet", tmp_path / "workspace"
-    steps = {"piqa", "requests", "predictions", "metrics"} | (
-        {"trained_model"} if train_steps != "0" else set()
-    )
-    assert started(tango_run(config, workspace, defines, "1")) == steps
-    assert started(tango_run(config, workspace, defines, "2")) == set()
-    save_tiny_gpt2(model_dir, tokenizer_dir, seed=2, n_positions=256)  # overwritten in place
-    # another model on the same files: lm-eval's requests come from the cache
-    output = tango_run(config, workspace, defines, "3", name="before")
-    assert started(output) == steps - {"piqa", "requests"}
-    if train_steps == "0":
-        rerun_after_labels_flipped_gives_the_new_metrics(config, workspace, defines, steps)
-
-
-def rerun_after_labels_flipped_gives_the_new_metrics(
-    config: str, workspace: Path, defines: dict[str, str], steps: set[str]
-) -> None:
-    """After run ``before``: the first 8 validation labels flipped in place (the same path, the
-    same file names), the same command runs every step again and gives the new metrics; once
-    more, it starts no step."""
-    from tango import Workspace
-
-    flip_labels(Path(defines["data_dir"]) / "valid-labels.lst", 8)
-    assert started(tango_run(config, workspace, defines, "4", name="after")) == steps
-    results = Workspace.from_url(str(workspace))
-    before, after = (results.step_result_for_run(run, "metrics") for run in ("before", "after"))
-    assert after["num_examples"] == before["num_examples"] == 8
-    for metric in ("acc", "acc_norm"):  # two choices: every answer is now wrong or right
-        assert after[metric] == pytest.approx(1 - before[metric]), (before, after)
-    assert started(tango_run(config, workspace, defines, "5")) == set()
-
-
-@pytest.mark.slow
-def test_mc_suite_reruns_start_no_step_until_a_task_directory_changes(
-    tmp_path: Path, tokenizer_dir: Path
-) -> None:
-    from conftest import save_tiny_gpt2
-
-    model_dir = save_tiny_gpt2(tmp_path / "model", tokenizer_dir, n_positions=256)
-    tasks = tmp_path / "tasks"
-    tasks.mkdir()
-    for task in ("copa", "arc_easy"):
-        (tasks / task).symlink_to(FIXTURE_TASKS / task, target_is_directory=True)
-    defines = {
-        "model": str(model_dir),
-        "tasks": "copa,arc_easy",
-        "task_data_dir": str(tasks),
-        "train_steps": "0",
-        "limit": "8",
-    }
-    config, workspace = "configs/mc_suite.jsonnet", tmp_path / "workspace"
-    scores = {"scores_copa", "scores_arc_easy", "metrics"}
-    steps = scores | {"requests_copa", "requests_arc_easy"}
-    assert started(tango_run(config, workspace, defines, "1")) == steps
-    assert started(tango_run(config, workspace, defines, "2")) == set()
-    # a second model on the same suite: no request is built again
-    other = save_tiny_gpt2(tmp_path / "other-model", tokenizer_dir, seed=2, n_positions=256)
-    assert started(tango_run(config, workspace, defines | {"model": str(other)}, "3")) == scores
-    (tasks / "copa").unlink()  # the same path, other documents
-    copa = shutil.copytree(FIXTURE_TASKS / "copa", tasks / "copa")
-    lines = (copa / "validation.jsonl").read_text().splitlines()
-    (copa / "validation.jsonl").write_text("\n".join(reversed(lines)) + "\n")
-    changed = {"requests_copa", "scores_copa", "metrics"}
-    assert started(tango_run(config, workspace, defines, "4")) == changed

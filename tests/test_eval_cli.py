@@ -1,8 +1,9 @@
 """``tango-fairscale eval`` (``tango_fairscale.eval_cli``): lm-eval's command line over
 ``configs/mc_suite.jsonnet``. Bad arguments are refused in one line before any work; the results
-JSON lands where lm-eval 0.4.13's ``EvaluationTracker`` puts it; (slow) on two fixture tasks it
-prints lm-eval's table, loads the model once, and ``tango run configs/mc_suite.jsonnet`` with the
-same settings in the same workspace starts no step and gives the same metrics."""
+JSON lands where lm-eval 0.4.13's ``EvaluationTracker`` puts it. As a command on two fixture
+tasks (it prints lm-eval's table, loads the model once, and ``tango run configs/mc_suite.jsonnet``
+with the same settings in the same workspace starts no step and gives the same metrics):
+``tests/integration/commands/test_eval_command.py``."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -146,38 +146,3 @@ def run_command(command: list[str], cwd: Path) -> str:
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]
     return output
-
-
-@pytest.mark.slow  # two commands, ~10 s each
-def test_eval_is_mc_suite_with_lm_eval_output(tmp_path: Path, tokenizer_dir: Path) -> None:
-    from conftest import save_tiny_gpt2
-    from tango import Workspace
-
-    model = save_tiny_gpt2(tmp_path / "model", tokenizer_dir, n_positions=256)
-    workspace, out = tmp_path / "workspace", tmp_path / "out"
-    settings = ["--tasks", "copa,arc_easy", "--limit", "4", "--task_data_dir", str(FIXTURES)]
-    command = [sys.executable, "-m", "tango_fairscale", "eval", "--model", str(model), *settings]
-    output = run_command(command + ["-w", str(workspace), "--output_path", str(out)], tmp_path)
-
-    assert f"tango_fairscale (pretrained={model}), gen_kwargs: (None), limit: 4" in output
-    rows = [line for line in output.splitlines() if line.startswith("|")]
-    cells = [[cell.strip() for cell in row.split("|")[1:-1]] for row in rows]
-    assert cells[0][:5] == ["Tasks", "Version", "Filter", "n-shot", "Metric"]
-    assert {row[0] for row in cells[2:]} >= {"copa", "arc_easy"}
-    assert output.count("Loading weights: 100%") == 1  # transformers' bar: one load, two tasks
-    assert len(re.findall(r"^loaded .* shared by this command", output, re.MULTILINE)) == 1
-
-    (written,) = out.glob("*/results_*.json")
-    assert written.parent.name == str(model).replace("/", "__")
-    results = json.loads(written.read_text())
-    assert results["config"]["model_args"] == f"pretrained={model}"
-    assert results["model_name"] == str(model) and results["n-samples"]["copa"]["effective"] == 4
-
-    defines = {"model": model, "tasks": "copa,arc_easy", "limit": 4, "task_data_dir": FIXTURES}
-    tango = [sys.executable, "-m", "tango", "run", "configs/mc_suite.jsonnet", "-w", str(workspace)]
-    tango += ["-n", "plain"] + [f"-D{name}={value}" for name, value in defines.items()]
-    rerun = run_command(tango, REPO_ROOT)
-    assert "Starting step" not in rerun and "Loading weights" not in rerun  # all from the cache
-    metrics = Workspace.from_url(str(workspace)).step_result_for_run("plain", "metrics")
-    for key in ("results", "n-samples", "n-shot", "versions", "higher_is_better"):
-        assert metrics["lm_eval"][key] == results[key]

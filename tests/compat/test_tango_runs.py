@@ -1,12 +1,15 @@
-"""A local run records when its ``tango run`` process started (``compat/tango_runs.py``)."""
+"""A local run records when its ``tango run`` process started (``compat/tango_runs.py``); Tango runs
+in a git repository without an origin (``compat/__init__.py``)."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import subprocess
 import time
 from pathlib import Path
 
+import pytest
 from tango import Step
 from tango.workspaces import LocalWorkspace
 
@@ -26,3 +29,14 @@ def test_a_registered_run_holds_its_process_start(tmp_path: Path) -> None:
     started = dt.datetime.fromisoformat(recorded["process_start"]).timestamp()
     assert abs(started - process_start()) < 1e-3 and started <= time.time()
     assert time.time() - started < 24 * 3600  # this test process's start, not the boot's
+
+
+def test_tango_runs_in_a_repository_without_origin(tmp_path, monkeypatch) -> None:
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    monkeypatch.chdir(tmp_path)
+    from tango.step_info import EnvironmentMetadata, GitMetadata
+
+    with pytest.raises(ValueError):  # Tango's own lookup: no commit, no origin
+        GitMetadata.check_for_repo()
+
+    assert EnvironmentMetadata().git is None

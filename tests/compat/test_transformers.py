@@ -3,6 +3,9 @@ packed sequences (no host read), and its own detection is back afterwards, even 
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from transformers import masking_utils
@@ -20,3 +23,24 @@ def test_packed_sequences_are_not_looked_for_within_the_block() -> None:
     with pytest.raises(RuntimeError), unpacked_sequences():
         raise RuntimeError("a failed forward")
     assert masking_utils.find_packed_sequence_indices is detect
+
+
+@pytest.mark.slow  # two fresh interpreters importing transformers: ~15 s on 2 cores
+def test_the_training_code_imports_no_scikit_learn() -> None:
+    """Every component registered and transformers' generation code imported: scikit-learn
+    (transformers imports it for assisted generation only) stays out of the process; without the
+    fix it is there."""
+    code = (
+        "import sys\n"
+        "from tango.common.util import import_module_and_submodules\n"
+        "import_module_and_submodules('tango_fairscale')\n"
+        "import transformers.generation.candidate_generator\n"
+        "print(sorted(name for name in sys.modules if name.split('.')[0] == 'sklearn')[:1])\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert run.stdout.strip() == "[]", run.stdout
+    control = (
+        "import transformers.generation.candidate_generator, sys; print('sklearn' in sys.modules)"
+    )
+    unfixed = subprocess.run([sys.executable, "-c", control], capture_output=True, text=True)
+    assert unfixed.stdout.strip() == "True", unfixed.stderr[-2000:]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 
 def damage_in_place(path: Path) -> None:
@@ -42,3 +43,45 @@ def reseal(directory: Path) -> None:
         if path.is_file() and path.name != MANIFEST
     }
     write_manifest(directory, Manifest(manifest.format, manifest.identity, files))
+
+
+def rank_file_of(run_id: str):
+    """A damage: the rank file re-saved as another run's (its identity's run id changed)."""
+
+    def damage(path: Path) -> None:
+        import torch
+
+        state = torch.load(path, weights_only=True)
+        state["checkpoint"]["run_id"] = run_id
+        torch.save(state, path)
+
+    return damage
+
+
+def the_file_of_step_15(path: Path) -> None:
+    replace_file(path, path.parents[1] / "step0000015" / path.name)
+
+
+def damages() -> dict[str, Any]:
+    """Damage name → (what it does to a file, what the refusal says of it)."""
+    return {
+        "same-size": (damage_in_place, "checksum mismatch"),
+        "truncated": (truncate, "1000 bytes, "),
+        "of step 15": (the_file_of_step_15, "of another checkpoint (step 15 of run "),
+        "of another run": (
+            rank_file_of("another-run"),
+            "of another checkpoint (step 20 of run anoth",
+        ),
+    }
+
+
+def build_engine(model_dir: Path, work_dir: Path) -> Any:
+    """A one-process DDP engine over the model in ``model_dir``, its work dir ``work_dir``."""
+    from conftest import engine_config
+    from tango.common import Lazy, Params
+    from tango.integrations.torch import Model, TrainConfig, TrainingEngine
+
+    config = TrainConfig("bg", work_dir, devices=[-1], world_size=1, is_distributed=False)
+    model = Lazy(Model, Params({"type": "tango_fairscale::causal_lm", "model": str(model_dir)}))
+    params = Params(engine_config("tango_fairscale::ddp"))
+    return Lazy(TrainingEngine, params).construct(train_config=config, model=model)

@@ -1,16 +1,8 @@
-"""The DDP engine's own option: ``compile`` changes speed, not results."""
+"""The DDP engine's own option: ``compile`` is a boolean. That it changes speed, not results, is
+``tests/integration/parallel/test_parity_ddp.py``."""
 
 import pytest
-from conftest import assert_same_run, train_tiny
-from helpers.parity import DDP, RunSpec, define, trains
-
-COMPILED = define("ddp/compile-one-process", RunSpec("ddp", 1, engine_params={"compile": True}))
-
-
-@pytest.mark.slow
-@trains(COMPILED, DDP)
-def test_compiled_blocks_match_eager(trained_run) -> None:
-    assert_same_run(trained_run(DDP), trained_run(COMPILED))
+from conftest import train_tiny
 
 
 def test_compile_must_be_a_boolean(tmp_path, tiny_model_dir, piqa_small) -> None:

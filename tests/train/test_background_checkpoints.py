@@ -1,24 +1,18 @@
 """Checkpoints written by a thread while training goes on (``BackgroundWriter``): the loop does
 not wait for the files, the checkpoint holds the state of its step whatever the loop does next, a
-failed write stops the run in one line, and a kill during a write leaves the previous checkpoint
-to resume from. (Two processes writing in the background: the 2-process ``fairscale`` runs of
-``test_loop.py``, killed and resumed.)"""
+failed write stops the run in one line. A kill during a write leaves the previous checkpoint to
+resume from: ``tests/integration/train/test_faults.py`` (as do two processes writing in the
+background: its 2-process ``fairscale`` runs, killed and resumed)."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import torch
-from conftest import engine_config
-from tango.common import Lazy, Params
-from tango.integrations.torch import Model, TrainConfig, TrainingEngine
+from helpers.checkpoints import build_engine
+from tango.integrations.torch import TrainingEngine
 
 from tango_fairscale.parallel.rank_files import RankFiles
 from tango_fairscale.records.checkpoints import LATEST, complete_checkpoints
@@ -28,13 +22,6 @@ from tango_fairscale.train.checkpoints import (
     TrainingStopped,
     resume,
 )
-
-
-def build_engine(model_dir: Path, work_dir: Path) -> TrainingEngine:
-    config = TrainConfig("bg", work_dir, devices=[-1], world_size=1, is_distributed=False)
-    model = Lazy(Model, Params({"type": "tango_fairscale::causal_lm", "model": str(model_dir)}))
-    params = Params(engine_config("tango_fairscale::ddp"))
-    return Lazy(TrainingEngine, params).construct(train_config=config, model=model)
 
 
 def weights(engine: TrainingEngine) -> dict[str, torch.Tensor]:
@@ -120,51 +107,3 @@ def test_a_model_only_checkpoint_holds_no_optimizer_state_and_exports(writer, tm
     assert all(torch.equal(exported[key], expected[key]) for key in expected)
     with pytest.raises(ConfigurationError, match="cannot be resumed"):
         resume(writer.engine, tmp_path / "checkpoints", is_main=True)
-
-
-KILLED_WHILE_WRITING = """
-import os, signal, sys, time
-from pathlib import Path
-sys.path.insert(0, {tests!r})
-import torch
-from tango_fairscale.records.manifest import HashingFile
-from tango_fairscale.train.checkpoints import BackgroundWriter, CheckpointPolicy
-from train.test_background_checkpoints import build_engine
-
-work = Path({work!r})
-engine = build_engine(Path({model!r}), work)
-writer = BackgroundWriter(engine, CheckpointPolicy(work / "checkpoints", "run-1"), 30)
-writer.save(5, wait=True)
-written = 0
-write = HashingFile.write
-def write_then_die(self, data):
-    global written
-    written += len(memoryview(data).cast("B"))
-    if written > 20_000:  # inside the rank file of step 10
-        os.kill(os.getpid(), signal.SIGKILL)
-    return write(self, data)
-HashingFile.write = write_then_die
-with torch.no_grad():
-    for parameter in engine.model.parameters():
-        parameter.add_(1.0)
-writer.save(10)
-time.sleep(60)
-"""
-
-
-@pytest.mark.slow  # a fresh interpreter: ~10 s of imports on 2 cores
-def test_a_kill_during_a_background_write_leaves_the_previous_checkpoint(
-    tiny_model_dir, tmp_path
-) -> None:
-    tests = str(Path(__file__).resolve().parents[1])
-    script = KILLED_WHILE_WRITING.format(tests=tests, work=str(tmp_path), model=str(tiny_model_dir))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([tests, *sys.path])}
-    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True)
-    assert result.returncode == -signal.SIGKILL, result.stderr.decode()[-2000:]
-    checkpoints = tmp_path / "checkpoints"
-    assert (checkpoints / LATEST).read_text() == "step0000005"
-    assert list(checkpoints.glob(".partial-step0000010"))  # the write it was killed in
-
-    engine = build_engine(tiny_model_dir, tmp_path / "resumed")
-    assert resume(engine, checkpoints, True)["step"] == 5
-    assert not list(checkpoints.glob(".partial-*"))

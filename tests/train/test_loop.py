@@ -1,201 +1,20 @@
-"""The training loop: crash safety and resumption, on 2 CPU processes.
-
-The faults (SIGKILL, SIGTERM, a dead or hung rank) need runs of their own, in subprocesses (slow
-tier); their uninterrupted reference and the speed-option and bf16 parity runs train with the
-other parity runs of their world size (``tests/helpers/parity.py``)."""
+"""The training loop in this process: a non-finite loss or a full disk stops it with the last
+checkpoint kept, damaged checkpoints are refused in one line or fall back to the one before,
+``keep_checkpoints`` keeps the newest, packing under the pipe engine is refused. The faults of a
+2-process run (SIGKILL, SIGTERM, Ctrl-C, a dead or hung rank, a damaged rank file) are
+``tests/integration/train/test_faults.py``; the speed options' and bf16's parity with DDP
+``tests/integration/train/test_parity_loop.py``."""
 
 import json
 import logging
 import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
-from conftest import assert_same_run, assert_same_weights, child_processes
-from helpers.parity import DDP, RunSpec, define, run_param, trains
-from helpers.parity import STEPS as PARITY_STEPS
-
-from tango_fairscale.model.causal_lm import ModelWrapper
-from tango_fairscale.train.format import ModelFormat
-
-TRAIN = """
-import sys
-sys.path.insert(0, {tests!r})
-from pathlib import Path
-from conftest import train_tiny
-from tango_fairscale.tasks.piqa import read_piqa
-train_tiny(Path({workspace!r}), Path({model!r}), read_piqa(Path({piqa!r}), limit=64),
-           "tango_fairscale::fairscale", 2, train_steps={steps}, step_options={options!r})
-"""
-
-
-def train_command(
-    workspace: Path, model: Path, piqa: Path, steps: int, **step_options: object
-) -> list[str]:
-    code = TRAIN.format(
-        tests=str(Path(__file__).parents[1]),
-        workspace=str(workspace),
-        model=str(model),
-        piqa=str(piqa),
-        steps=steps,
-        options=step_options,
-    )
-    return [sys.executable, "-c", code]
-
-
-def latest_checkpoint(workspace: Path) -> str | None:
-    for latest in workspace.glob("cache/*/work/checkpoints/latest"):
-        return latest.read_text().strip()
-    return None
-
-
-STEPS = 20  # the faults strike after the first checkpoint (step 5)
-
-#: ``train_in`` of 2 processes, resuming in each work dir of ``works`` in turn, a line
-#: ``=== <work dir>`` on stderr before each.
-RESUME = """
-import sys
-sys.path.insert(0, {tests!r})
-from pathlib import Path
-from conftest import train_in
-from tango_fairscale.tasks.piqa import read_piqa
-piqa = read_piqa(Path({piqa!r}), limit=64)
-for work in {works!r}:
-    print("===", work, file=sys.stderr, flush=True)
-    train_in(Path(work), Path({model!r}), piqa, "tango_fairscale::fairscale", 2, {steps})
-"""
-
-#: The reference of the fault tests: the same 2-process FairScale run (``train_tiny``'s
-#: validation and checkpoints), never interrupted, trained with the other parity runs.
-UNINTERRUPTED = define(
-    "fairscale/uninterrupted",
-    RunSpec("fairscale", 2, train_steps=STEPS, validate_every=10, checkpoint_every=5),
-)
-
-
-@pytest.fixture
-def uninterrupted(trained_run):
-    return trained_run(UNINTERRUPTED)
-
-
-def start_and_wait_for_a_checkpoint(command: list[str], workspace: Path) -> subprocess.Popen:
-    job = subprocess.Popen(
-        command, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    deadline = time.monotonic() + 240
-    while latest_checkpoint(workspace) is None:
-        assert job.poll() is None and time.monotonic() < deadline, "no checkpoint was written"
-        time.sleep(0.02)
-    return job
-
-
-def workers_of(pid: int) -> list[int]:
-    """Process ids of the training workers started by ``pid`` (children of its fork server)."""
-    return [
-        worker
-        for server in child_processes(pid, b"multiprocessing.forkserver")
-        for worker in child_processes(server, b"multiprocessing.forkserver")
-    ]
-
-
-def assert_resumes_to_the_reference(workspace: Path, model: Path, piqa_small, reference) -> None:
-    """The same step again (here, not in a subprocess: the same step id, the same workspace)
-    resumes from the last checkpoint and ends with the uninterrupted run's weights."""
-    from conftest import train_tiny
-
-    stopped_at = latest_checkpoint(workspace)
-    assert stopped_at is not None and stopped_at < f"step{STEPS:07d}", stopped_at
-    assert not list(workspace.glob("cache/*/work/final_weights.pt"))
-    train_tiny(workspace, model, piqa_small, "tango_fairscale::fairscale", 2, train_steps=STEPS)
-    resumed = ModelFormat().read(next(workspace.glob("cache/TrainStep-*")))
-    assert_same_weights(reference.state_dict(), resumed.state_dict())
-    logged = [r["step"] for r in resumed.training_log if "train_loss" in r]
-    assert logged == list(range(1, STEPS + 1))
-    # The raw log shows the rerun resumed instead of starting over: step 1 was trained once.
-    raw = next(workspace.glob("cache/*/work/training_log.jsonl")).read_text().splitlines()
-    first_steps = [r for r in map(json.loads, raw) if r["step"] == 1 and "train_loss" in r]
-    assert len(first_steps) == 1
-
-
-@pytest.mark.slow
-@trains(UNINTERRUPTED)
-def test_sigkill_then_rerun_resumes_and_matches(
-    tmp_path, tiny_model_dir, piqa_dir, piqa_small, uninterrupted
-) -> None:
-    command = train_command(tmp_path, tiny_model_dir, piqa_dir, STEPS)
-    job = start_and_wait_for_a_checkpoint(command, tmp_path)
-    os.killpg(job.pid, signal.SIGKILL)  # the launcher and both workers, mid-training
-    job.communicate()
-    assert_resumes_to_the_reference(tmp_path, tiny_model_dir, piqa_small, uninterrupted)
-
-
-@pytest.mark.slow
-@trains(UNINTERRUPTED)
-@pytest.mark.parametrize("stop", ["SIGTERM to the launcher", "Ctrl-C"])
-def test_sigterm_and_ctrl_c_checkpoint_and_exit_resumably(
-    stop, tmp_path, tiny_model_dir, piqa_dir, piqa_small, uninterrupted
-) -> None:
-    command = train_command(tmp_path, tiny_model_dir, piqa_dir, STEPS)
-    job = start_and_wait_for_a_checkpoint(command, tmp_path)
-    if stop == "Ctrl-C":  # a terminal sends SIGINT to every process of the foreground group
-        os.killpg(job.pid, signal.SIGINT)
-        said = "interrupted by SIGINT after step"
-    else:  # the launcher passes it on to the workers
-        job.send_signal(signal.SIGTERM)
-        said = "preempted by SIGTERM after step"
-    _, stderr = job.communicate(timeout=120)
-    assert job.returncode != 0
-    assert said in stderr and "rerun the same command" in stderr, stderr[-2000:]
-    stopped_at = latest_checkpoint(tmp_path)
-    assert f"resume from checkpoint {stopped_at}" in stderr  # the checkpoint of the last step
-    assert_resumes_to_the_reference(tmp_path, tiny_model_dir, piqa_small, uninterrupted)
-
-
-@pytest.mark.slow
-@trains(UNINTERRUPTED)
-def test_a_dead_rank_stops_the_others_with_its_name(
-    tmp_path, tiny_model_dir, piqa_dir, piqa_small, uninterrupted
-) -> None:
-    command = train_command(tmp_path, tiny_model_dir, piqa_dir, STEPS)
-    job = start_and_wait_for_a_checkpoint(command, tmp_path)
-    workers = workers_of(job.pid)
-    assert len(workers) == 2
-    os.kill(workers[1], signal.SIGKILL)
-    started = time.monotonic()
-    _, stderr = job.communicate(timeout=120)
-    assert time.monotonic() - started < 60  # bounded: no collective waits forever
-    assert job.returncode != 0
-    assert "died (SIGKILL); the others were stopped" in stderr
-    assert not any(Path(f"/proc/{pid}").exists() for pid in workers)  # nothing left behind
-    assert_resumes_to_the_reference(tmp_path, tiny_model_dir, piqa_small, uninterrupted)
-
-
-@pytest.mark.slow
-def test_a_hung_rank_makes_the_others_fail_within_the_timeout(
-    tmp_path, tiny_model_dir, piqa_dir
-) -> None:
-    command = train_command(tmp_path, tiny_model_dir, piqa_dir, STEPS, collective_timeout_s=5)
-    job = start_and_wait_for_a_checkpoint(command, tmp_path)
-    workers = workers_of(job.pid)
-    assert len(workers) == 2
-    os.kill(workers[1], signal.SIGSTOP)  # alive but stuck: no exit for the launcher to see
-    started = time.monotonic()
-    try:
-        _, stderr = job.communicate(timeout=90)
-    finally:
-        for pid in workers:  # never leave a stopped process behind, even when the test fails
-            if Path(f"/proc/{pid}").exists():
-                os.kill(pid, signal.SIGKILL)
-    assert time.monotonic() - started < 60
-    assert job.returncode != 0
-    assert "training process 0 failed" in stderr, stderr[-3000:]
-    assert "a collective timed out after 5 s (collective_timeout_s)" in stderr, stderr[-3000:]
-    assert not any(Path(f"/proc/{pid}").exists() for pid in workers)
+from conftest import assert_same_weights
+from helpers.checkpoints import damages
+from helpers.parity import RunSpec, define, trains
 
 
 def test_a_non_finite_loss_stops_training_and_keeps_the_last_checkpoint(
@@ -343,37 +162,6 @@ def fallback_run(engine: str) -> str:
 FALLBACK = {engine: fallback_run(engine) for engine in ("fairscale", "fsdp2")}
 
 
-def rank_file_of(run_id: str):
-    """A damage: the rank file re-saved as another run's (its identity's run id changed)."""
-
-    def damage(path: Path) -> None:
-        state = torch.load(path, weights_only=True)
-        state["checkpoint"]["run_id"] = run_id
-        torch.save(state, path)
-
-    return damage
-
-
-def the_file_of_step_15(path: Path) -> None:
-    from helpers.checkpoints import replace_file
-
-    replace_file(path, path.parents[1] / "step0000015" / path.name)
-
-
-def damages() -> dict[str, Any]:
-    from helpers.checkpoints import damage_in_place, truncate
-
-    return {
-        "same-size": (damage_in_place, "checksum mismatch"),
-        "truncated": (truncate, "1000 bytes, "),
-        "of step 15": (the_file_of_step_15, "of another checkpoint (step 15 of run "),
-        "of another run": (
-            rank_file_of("another-run"),
-            "of another checkpoint (step 20 of run anoth",
-        ),
-    }
-
-
 @pytest.mark.parametrize(
     "engine, file, damage",
     [
@@ -414,68 +202,6 @@ def test_a_damaged_checkpoint_falls_back_to_the_one_before(
     assert kept == ["step0000015", "step0000020"]  # keep_checkpoints' default: 2
 
 
-RANK_FILE_DAMAGES = ["same-size", "of step 15"]
-
-
-@pytest.fixture(scope="module")
-def rank_file_reruns(tmp_path_factory, trained_run, tiny_model_dir, piqa_dir) -> dict[str, Any]:
-    """For each damage of :data:`RANK_FILE_DAMAGES`, in a copy of the uninterrupted run's
-    checkpoints: rank 1's file of the newest checkpoint damaged, then ``export`` of it (its exit
-    code and stderr), then the rerun of both ranks (its stderr) — the reruns one after the other
-    in one process of their own, whose workers' warnings reach its stderr."""
-    import contextlib
-    import io
-    import shutil
-
-    from tango_fairscale.cli import main
-
-    reference = trained_run(UNINTERRUPTED)
-    works, exported = {}, {}
-    for damage in RANK_FILE_DAMAGES:
-        work = works[damage] = tmp_path_factory.mktemp("damaged-rank-file")
-        shutil.copytree(reference.work_dir / "checkpoints", work / "checkpoints")
-        damages()[damage][0](work / "checkpoints" / "step0000020" / "rank1.pt")
-        err = io.StringIO()
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            code = main(["export", str(work), str(work / "hf")])
-        exported[damage] = code, err.getvalue()
-    command = RESUME.format(
-        tests=str(Path(__file__).parents[1]),
-        works=[str(work) for work in works.values()],
-        model=str(tiny_model_dir),
-        piqa=str(piqa_dir),
-        steps=STEPS,
-    )
-    resumed = subprocess.run([sys.executable, "-c", command], capture_output=True, text=True)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    logs = resumed.stderr.split("=== ")[1:]
-    assert [log.split("\n", 1)[0] for log in logs] == [str(work) for work in works.values()]
-    return {
-        damage: (work, *exported[damage], log)
-        for (damage, work), log in zip(works.items(), logs, strict=True)
-    }
-
-
-@pytest.mark.slow
-@trains(UNINTERRUPTED)
-@pytest.mark.parametrize("damage", RANK_FILE_DAMAGES)
-def test_a_damaged_rank_file_of_two_is_refused_and_the_rerun_falls_back(
-    damage, rank_file_reruns, uninterrupted
-) -> None:
-    """Rank 1's file of the newest checkpoint (step 20 of 2 processes) damaged, or taken from
-    another checkpoint: export refuses it in one line naming the file; the rerun (both ranks)
-    falls back to step 15, says so, and ends with the uninterrupted run's weights."""
-    work, code, err, logged = rank_file_reruns[damage]
-    problem = damages()[damage][1]
-    assert code == 2
-    assert err.count("\n") == 1 and "step0000020 is damaged (rank1.pt: " in err, err
-    assert problem in err and "export an earlier checkpoint" in err, err
-    assert "checkpoint step0000020 is damaged (rank1.pt: " in logged, logged[-2000:]
-    assert f"{problem}" in logged and "; resuming from step0000015" in logged, logged[-2000:]
-    state = torch.load(work / "final_weights.pt", weights_only=True)
-    assert_same_weights(uninterrupted.state_dict(), state)
-
-
 def test_keep_checkpoints_keeps_the_newest(
     tmp_path, tiny_model_dir, piqa_small, monkeypatch
 ) -> None:
@@ -498,7 +224,6 @@ def test_keep_checkpoints_keeps_the_newest(
     assert sorted(path.name for path in checkpoints.glob("step*")) == kept
 
 
-@pytest.mark.slow
 def test_a_full_disk_keeps_the_previous_checkpoint(
     tmp_path, tiny_model_dir, piqa_small, monkeypatch
 ) -> None:
@@ -531,41 +256,6 @@ def test_a_full_disk_keeps_the_previous_checkpoint(
     assert not list((tmp_path / "checkpoints").glob(".partial-*"))
 
 
-FUSED_ADAMW = {"optimizer": {"type": "torch::AdamW", "lr": 1e-3, "fused": True}}
-
-
-def speed_run(engine: str, option: str) -> str:
-    """``packed``: packed micro-batches and validation; ``fused``: fused AdamW, checkpointed
-    half-way (its state saved mid-run and the run going on)."""
-    if option == "packed":
-        spec = RunSpec(engine, 2, pack_sequences=True)
-    else:
-        spec = RunSpec(engine, 2, checkpoint_every=PARITY_STEPS // 2, engine_params=FUSED_ADAMW)
-    return define(f"{engine}/{option}", spec)
-
-
-@pytest.mark.parametrize(
-    "run",
-    [
-        run_param(name, name, DDP, id=name.replace("/", "-"), slow=name != "ddp/packed")
-        for name in [
-            speed_run("ddp", "packed"),
-            speed_run("fairscale", "packed"),
-            speed_run("fsdp2", "packed"),
-            speed_run("fairscale", "fused"),
-            speed_run("fsdp2", "fused"),
-        ]
-    ],
-)
-def test_speed_options_reproduce_ddp(run, trained_run) -> None:
-    """Options for speed, not results, on 2 processes reproduce padded DDP with torch's default
-    AdamW (losses, weights, accuracies): ``pack_sequences`` (packed micro-batches and packed
-    validation) through every engine that takes them, and fused AdamW (docs/ENGINES.md
-    recommends it on GPUs) stepping FairScale's flat parameters and FSDP2's sharded ones in one
-    kernel, through a checkpoint written half-way."""
-    assert_same_run(trained_run(DDP), trained_run(run))
-
-
 def test_packing_with_the_pipe_engine_is_refused(tmp_path, tiny_model_dir, piqa_small) -> None:
     from conftest import train_tiny
     from tango.common.exceptions import ConfigurationError
@@ -579,47 +269,3 @@ def test_packing_with_the_pipe_engine_is_refused(tmp_path, tiny_model_dir, piqa_
             step_options={"pack_sequences": True},
             pipe={"balance": [1, 1], "chunks": 2, "devices": ["cpu", "cpu"]},
         )
-
-
-BF16 = {"precision": "bf16-mixed"}
-DDP_BF16 = define("ddp/bf16-mixed", RunSpec("ddp", 2, engine_params=BF16))
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    "run",
-    [
-        run_param(name, name, DDP_BF16, id=engine)
-        for engine in ("fairscale", "fsdp2")
-        for name in [
-            define(
-                f"{engine}/bf16-mixed",
-                RunSpec(
-                    engine,
-                    2,
-                    engine_params={**BF16, "sharding": {"activation_checkpointing": True}},
-                ),
-            )
-        ]
-    ],
-)
-def test_bf16_mixed_sharded_training_follows_ddp_autocast(run, trained_run, tiny_model_dir) -> None:
-    """``bf16-mixed`` under sharding (bf16 compute, fp32 master weights and gradient reduction;
-    checkpointed units) on 2 processes tracks DDP under bf16 autocast to bf16's rounding (measured:
-    losses within 3e-5 relative, the models 0.8 % of the distance trained apart), and the
-    consolidated weights are the fp32 masters."""
-    trained, ddp_bf16_reference = trained_run(run), trained_run(DDP_BF16)
-    losses = [r["train_loss"] for r in trained.training_log if "train_loss" in r]
-    reference = [r["train_loss"] for r in ddp_bf16_reference.training_log if "train_loss" in r]
-    assert len(losses) == len(reference) == 10
-    assert losses == pytest.approx(reference, rel=1e-3)
-    # Adam's steps are about lr each whatever the gradient, so bf16's rounding moves single
-    # weights by up to a few steps: compare the whole model's distance to DDP's with how far
-    # DDP's training moved it.
-    start = ModelWrapper(str(tiny_model_dir)).state_dict()
-    expected = ddp_bf16_reference.state_dict()
-    state = trained.state_dict()
-    assert all(value.dtype == torch.float32 for value in state.values())
-    apart = sum(float((state[k] - expected[k]).square().sum()) for k in expected) ** 0.5
-    moved = sum(float((expected[k] - start[k]).square().sum()) for k in expected) ** 0.5
-    assert apart < 0.05 * moved, (apart, moved)

@@ -28,7 +28,7 @@ from tango.workspaces import LocalWorkspace
 
 import tango_fairscale.compat  # noqa: F401  (the fix under test)
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 GATED_STEP = '''
 import time

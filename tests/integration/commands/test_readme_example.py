@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = re.compile(
     r"<!-- worked example -->\n```bash\n(.*?)```\n<!-- end of worked example -->", re.S
 )

@@ -1,10 +1,11 @@
-"""Probe FairScale FSDP on CPU with chosen compat fixes applied (run by tests/compat/test_fixes.py).
+"""Probe FairScale FSDP on CPU with chosen compat fixes applied (run by test_fairscale_fixes.py).
 
-    python tests/compat/fairscale_probe.py WORLD_SIZE CASE [FIX ...]
+    python tests/integration/compat/fairscale_probe.py WORLD_SIZE CASE [FIX ...]
 
 Exits 0 when the case runs, 1 with the error's type and message on stderr when it fails.
 
-    python tests/compat/fairscale_probe.py --many '[[WORLD_SIZE, CASE, [FIX, ...]], ...]'
+    python tests/integration/compat/fairscale_probe.py --many \
+        '[[WORLD_SIZE, CASE, [FIX, ...]], ...]'
 
 runs each probe in a process forked from this one (torch and FairScale imported once, nothing
 patched: the fixes are applied in the probe's own ranks) and prints, as JSON, each probe's exit
@@ -26,7 +27,7 @@ import torch.multiprocessing as mp
 
 def load_compat():
     """tango_fairscale/compat/fairscale.py alone (it imports nothing of the package)."""
-    path = Path(__file__).resolve().parents[2] / "tango_fairscale" / "compat" / "fairscale.py"
+    path = Path(__file__).resolve().parents[3] / "tango_fairscale" / "compat" / "fairscale.py"
     spec = importlib.util.spec_from_file_location("compat", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -33,7 +33,7 @@ import numpy as np
 import pytest
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 CONFIG = "configs/gpt2_piqa.jsonnet"
 NUM_VALIDATION = 1838
 STEPS = ("piqa", "trained_model", "requests", "predictions", "metrics")
@@ -60,12 +60,14 @@ RUN_OF_TEST = {
 
 @dataclass
 class TangoRun:
-    """One ``tango run`` subprocess, its combined output in ``log``."""
+    """One ``tango run`` subprocess, its combined output in ``log`` (with ``stderr``, its stderr
+    alone in ``stderr``: for counting what the terminal shows)."""
 
     name: str
     workspace: Path
     defines: tuple[str, ...]
     log: Path
+    stderr: Path | None = None
     process: subprocess.Popen = field(init=False)
     started: float = field(init=False)
     seconds: float | None = None
@@ -77,12 +79,12 @@ class TangoRun:
             command += ["-D", define]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
         self.started = time.time()
-        with self.log.open("w") as out:
+        with self.log.open("w") as out, open(self.stderr or os.devnull, "w") as err:
             self.process = subprocess.Popen(
                 command,
                 cwd=REPO_ROOT,
                 stdout=out,
-                stderr=subprocess.STDOUT,
+                stderr=err if self.stderr else subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
             )
@@ -94,7 +96,8 @@ class TangoRun:
         returncode = self.process.wait(timeout=RUN_TIMEOUT_S)
         if self.seconds is None:  # until the last output, not until this wait
             self.seconds = self.log.stat().st_mtime - self.started
-        return returncode, self.log.read_text(errors="replace")
+        err = self.stderr.read_text(errors="replace") if self.stderr else ""
+        return returncode, self.log.read_text(errors="replace") + err
 
     def succeeded(self) -> str:
         returncode, output = self.wait()
@@ -128,14 +131,17 @@ def runs(
     root = tmp_path_factory.mktemp("tango-runs")
     model, data = f"model={tiny_model_dir}", f"data_dir={piqa_dir}"
 
-    def run(name: str, *defines: str, workspace: str | None = None) -> TangoRun:
-        return TangoRun(name, root / (workspace or name), defines, root / f"{name}.log")
+    def run(
+        name: str, *defines: str, workspace: str | None = None, stderr: bool = False
+    ) -> TangoRun:
+        err = root / f"{name}.stderr" if stderr else None
+        return TangoRun(name, root / (workspace or name), defines, root / f"{name}.log", err)
 
     started = {
         "evaluate": run("evaluate", f"model={wide_model_dir}", data, "train_steps=0"),
         "train": run("train", model, data, *TRAIN_DEFINES, workspace="train-ws"),
         "bogus_engine": run("bogus_engine", model, data, "engine=bogus", "train_steps=5"),
-        "no_model": run("no_model", "model=/nonexistent/dir", data, "train_steps=0"),
+        "no_model": run("no_model", "model=/nonexistent/dir", data, "train_steps=0", stderr=True),
     }
     started["pipe_two_devices"] = run(
         "pipe_two_devices", model, data, "engine=pipe", "device_count=2", "train_steps=5"
@@ -194,7 +200,11 @@ def test_unknown_model_path_is_one_line(runs: dict[str, TangoRun]) -> None:
         runs["no_model"], "cannot load model from path '/nonexistent/dir' (no such directory)"
     )
     assert " ERROR    cannot load model" in line  # the message alone (tests/test_terminal_errors)
-    assert "Traceback" not in runs["no_model"].log.read_text()
+    # What the terminal shows: nothing on stdout, that one line on stderr.
+    assert runs["no_model"].log.read_text() == ""
+    assert runs["no_model"].stderr is not None
+    assert runs["no_model"].stderr.read_text().splitlines() == [line]
+    assert "Traceback" not in line
 
 
 # a. Evaluation equals lm-eval's piqa -------------------------------------------------------------

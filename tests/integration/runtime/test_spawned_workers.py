@@ -94,7 +94,7 @@ def test_a_workers_error_is_one_line_and_keeps_its_traceback() -> None:
 LAUNCHER = """
 import signal, sys
 sys.path.insert(0, {here!r})
-from test_spawn import write_pid_then_sleep
+from test_spawned_workers import write_pid_then_sleep
 from tango_fairscale.runtime.spawn import WorkerFailed, run_workers
 run_workers(write_pid_then_sleep, ({directory!r},), 2, signal.SIGTERM)
 """

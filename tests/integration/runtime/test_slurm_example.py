@@ -19,7 +19,7 @@ import pytest
 
 from tango_fairscale.runtime.process_group import free_port
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 FAKE_SRUN = """#!/bin/bash
 while [[ "$1" == --* ]]; do shift; done   # srun's own options
 pids=()

@@ -1,8 +1,8 @@
 """Each compatibility fix is needed (the case fails without it) and sufficient (it runs with it).
 
-The FairScale cases run ``tests/compat/fairscale_probe.py``: each probe in a process of its own
-(forked from one that imported torch and FairScale once, before any fix), since the fixes patch
-modules process-wide.
+The FairScale cases run ``fairscale_probe.py`` (beside this file): each probe in a process of its
+own (forked from one that imported torch and FairScale once, before any fix), since the fixes
+patch modules process-wide.
 """
 
 import json
@@ -61,37 +61,3 @@ def test_fix_is_needed_and_sufficient(probes, world_size, case, needed, also, er
 def test_mixed_precision_gradients_are_fp32_at_world_size_1(probes) -> None:
     result = probes[1, "mixed", (STREAMS, "fp32_reduce_scatter")]
     assert "gradient dtypes: torch.float32\n" in result["stdout"]
-
-
-def test_tango_runs_in_a_repository_without_origin(tmp_path, monkeypatch) -> None:
-    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
-    monkeypatch.chdir(tmp_path)
-    from tango.step_info import EnvironmentMetadata, GitMetadata
-
-    with pytest.raises(ValueError):  # Tango's own lookup: no commit, no origin
-        GitMetadata.check_for_repo()
-
-    import tango_fairscale.compat  # noqa: F401  (applies the fix)
-
-    assert EnvironmentMetadata().git is None
-
-
-@pytest.mark.slow  # two processes importing transformers: ~15 s
-def test_the_training_code_imports_no_scikit_learn() -> None:
-    """Every component registered, a model built and its generation code imported: scikit-learn
-    (transformers imports it for assisted generation only) stays out of the process; without the
-    fix it is there."""
-    code = (
-        "import sys\n"
-        "from tango.common.util import import_module_and_submodules\n"
-        "import_module_and_submodules('tango_fairscale')\n"
-        "import transformers.generation.candidate_generator\n"
-        "print(sorted(name for name in sys.modules if name.split('.')[0] == 'sklearn')[:1])\n"
-    )
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert run.stdout.strip() == "[]", run.stdout
-    control = (
-        "import transformers.generation.candidate_generator, sys; print('sklearn' in sys.modules)"
-    )
-    unfixed = subprocess.run([sys.executable, "-c", control], capture_output=True, text=True)
-    assert unfixed.stdout.strip() == "True", unfixed.stderr[-2000:]
