@@ -2,7 +2,7 @@
 
 Four fixes are patches, applied by :func:`patch_fairscale_for_cpu` and
 :func:`use_list_collectives_for_gloo`, each covered by a test that fails without it
-(``tests/compat/test_fixes.py``):
+(``tests/integration/compat/test_fairscale_fixes.py``):
 
 1. It drives CUDA streams unconditionally (``self._streams["all_gather"]`` -> ``KeyError`` when
    none were made; ``torch.cuda.current_stream()``). Its module sees a ``torch`` whose ``cuda``
