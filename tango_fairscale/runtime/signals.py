@@ -38,13 +38,16 @@ class Preemption:
 
     The training loop then stops every rank at the same step, checkpoints and exits resumably.
     In the process the user started (not a spawned worker), a second ``SIGINT`` raises
-    ``KeyboardInterrupt``.
+    ``KeyboardInterrupt``. A process forked meanwhile (lm-eval's bootstrap pool during a
+    validation) takes a stop signal as it would without these handlers: its pool's ``terminate``
+    must end it.
     """
 
     def __init__(self, preemption_signal: signal.Signals) -> None:
         self.signal = preemption_signal
         self.received = False
         self._escalates = multiprocessing.parent_process() is None
+        self._pid = os.getpid()
         self._previous: dict[signal.Signals, Any] = {}
         # Handlers can only be set from the main thread (an executor may run steps elsewhere).
         if threading.current_thread() is threading.main_thread():
@@ -52,6 +55,10 @@ class Preemption:
                 self._previous[signum] = signal.signal(signum, self._record)
 
     def _record(self, signum: int, frame: Any) -> None:
+        if os.getpid() != self._pid:  # a forked child: the handler it had before, then again
+            signal.signal(signum, self._previous.get(signal.Signals(signum), signal.SIG_DFL))
+            os.kill(os.getpid(), signum)
+            return
         interrupted = signum == signal.SIGINT and self._escalates
         if interrupted and self.received:
             raise KeyboardInterrupt

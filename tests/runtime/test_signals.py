@@ -89,3 +89,25 @@ def test_forwarded_signals_go_to_the_current_pids_and_the_handlers_come_back() -
             signal.raise_signal(signal.SIGINT)
         assert len(asked) == 2
     assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_a_child_forked_while_recording_dies_on_the_signal() -> None:
+    """lm-eval's bootstrap pool forks during a validation: its workers must still die on the
+    ``SIGTERM`` their pool's ``terminate`` sends (they inherit the recording handler)."""
+    import multiprocessing
+    import os
+    import time
+
+    preemption = Preemption(signal.SIGTERM)
+    try:
+        child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(60,))
+        child.start()
+        time.sleep(0.2)
+        os.kill(child.pid, signal.SIGTERM)  # type: ignore[arg-type]
+        child.join(20)
+        assert child.exitcode == -signal.SIGTERM, child.exitcode
+        assert not preemption.received  # this process recorded nothing
+    finally:
+        preemption.restore()
+        if child.is_alive():
+            child.kill()

@@ -81,7 +81,7 @@ def runs() -> Iterator[list[TrainingRun]]:
     """Every run a test makes (add it here): their signal handlers restored, their writes ended."""
     made: list[TrainingRun] = []
     yield made
-    for run in made:
+    for run in reversed(made):  # each restores the handlers it found: the latest first
         run.preemption.restore()
         run.writer.settle()
 
