@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.commands import run_command
 from tango.common.exceptions import ConfigurationError
 
 from tango_fairscale.command_line import check_tango_run, config_variables
@@ -69,17 +70,6 @@ def test_a_variable_of_another_config_is_refused() -> None:
     """tango.yml holds the defaults of both configs; gpt2_piqa.jsonnet reads no ``tasks``."""
     with pytest.raises(ConfigurationError, match="-D tasks is not a variable of"):
         check_tango_run(["run", str(GPT2_PIQA), "-D", "tasks=arc_easy"])
-
-
-def run_command(command: list[str], **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        command,
-        cwd=REPO_ROOT,
-        env={**os.environ, "OMP_NUM_THREADS": "1", **env},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
 
 
 def last_line(done: subprocess.CompletedProcess) -> str:

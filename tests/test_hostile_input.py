@@ -12,9 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +19,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import GOOD_FILES, line, make_piqa_dir, with_runtime
+from helpers.commands import assert_tango_run_refuses
 from tango import Step
 from tango.common import Lazy, Params
 from tango.common.dataset_dict import DatasetDict
@@ -462,24 +460,7 @@ def test_bad_command_line_variables_are_named() -> None:
         "batch_size=abc": '-D batch_size must be an integer, got "abc"',
         "lr=-1": "lr must be positive, got -1",
     }
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    processes = {
-        define: subprocess.Popen(
-            [sys.executable, "-m", "tango", "run", "configs/gpt2_piqa.jsonnet"]
-            + ["-w", "unused-workspace", "-D", define],
-            cwd=REPO_ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=env,
-        )
-        for define in cases
-    }
-    for define, process in processes.items():
-        output, _ = process.communicate(timeout=120)
-        assert process.returncode != 0, output
-        assert any(cases[define] in line for line in output.splitlines()), output[-2000:]
-        assert "Starting step" not in output
+    assert_tango_run_refuses(["configs/gpt2_piqa.jsonnet", "-w", "unused-workspace"], cases, 120)
     assert not (REPO_ROOT / "unused-workspace").exists()
 
 

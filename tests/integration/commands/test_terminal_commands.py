@@ -8,25 +8,14 @@ process are ``tests/test_terminal_errors.py``."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT, make_piqa_dir
-
-
-def run(command: list[str], **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        command,
-        cwd=REPO_ROOT,
-        env={**os.environ, "OMP_NUM_THREADS": "1", **env},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+from conftest import make_piqa_dir
+from helpers.commands import run_command
 
 
 def assert_one_line(done: subprocess.CompletedProcess, message: str) -> None:
@@ -41,7 +30,9 @@ def test_an_unknown_engine_under_the_launcher(tmp_path: Path, tiny_model_dir: Pa
     the package, so only the launcher can shorten what Tango prints there."""
     defines = ["engine=bogus", f"model={tiny_model_dir}"]
     command = [sys.executable, "-m", "tango_fairscale", "run", "configs/gpt2_piqa.jsonnet"]
-    done = run(command + ["-w", str(tmp_path / "ws")] + [a for d in defines for a in ("-D", d)])
+    done = run_command(
+        command + ["-w", str(tmp_path / "ws")] + [a for d in defines for a in ("-D", d)]
+    )
     assert_one_line(done, "unknown engine 'bogus'; choose one of ddp, fairscale, fsdp2, pipe")
     assert done.stderr.rstrip().endswith("configs/lib/engines.libsonnet:25")
     assert not (tmp_path / "ws").exists()
@@ -62,7 +53,7 @@ def test_a_failing_step_under_tango_run(tmp_path: Path) -> None:
     from tango.step_info import StepState
 
     command, message = failing_step_command(tmp_path)
-    done = run(command, PYTHONWARNINGS="ignore")  # setuptools' pkg_resources warning
+    done = run_command(command, PYTHONWARNINGS="ignore")  # setuptools' pkg_resources warning
     assert done.returncode == 1
     errors = done.stderr.splitlines()
     assert len(errors) == 3, done.stderr
@@ -82,7 +73,7 @@ def test_a_failing_step_under_torchrun(tmp_path: Path) -> None:
     summary, printed by torchrun's process) ends with the message as the root cause."""
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2"]
     command, message = failing_step_command(tmp_path, *torchrun, "-m", "tango_fairscale")
-    done = run(command, PYTHONWARNINGS="ignore")
+    done = run_command(command, PYTHONWARNINGS="ignore")
     assert done.returncode != 0
     output = done.stdout + done.stderr
     ours = [line for line in output.splitlines() if message in line]
