@@ -64,9 +64,8 @@ def _worker(rank: int, plan: Any, specs: list[Any], batch_size: int, packed: boo
         engine.model.eval()
         call = ModelCall.of_engine(engine)
         calls = 0
-        forward = call.forward
 
-        def counted(batch: dict[str, Any]) -> Any:
+        def counted(batch: dict[str, Any], forward: Any = call.forward) -> Any:
             nonlocal calls
             calls += 1
             return forward(batch)
@@ -77,5 +76,8 @@ def _worker(rank: int, plan: Any, specs: list[Any], batch_size: int, packed: boo
         results = [evaluator.evaluate(spec) for spec in specs]
         path = Path(config.work_dir) / f"rank{rank}.json"
         path.write_text(json.dumps({"results": results, "calls": calls}))
+        # Freed while the group lives, as the training loop frees its engine: a DDP reducer
+        # freed after the group is destroyed was seen to hang in gloo's destructor.
+        del engine, call, evaluator, counted
     finally:
         leave_process_group()
