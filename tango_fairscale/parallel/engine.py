@@ -28,7 +28,7 @@ from ..model.causal_lm import ModelWrapper, move_batch
 from ..records.checkpoints import Identity, run_id
 from ..runtime.process_group import join_process_group
 from . import consolidate
-from .graphs import GraphedSteps, autocast_without_cache
+from .graphs import GraphedSteps
 from .precision import LossScaling, resolve_precision
 from .sharding import ShardingConfig
 from .strategy import Placement, ShardedStrategy, Strategy, unwrap
@@ -82,7 +82,7 @@ class Engine(TrainingEngine):
         #: Steps replayed from CUDA graphs (:mod:`.graphs`) where they can be: the bare model on
         #: one GPU, no fp16 loss scaling, no compiled units.
         replays = self._replays()
-        self.graphs = GraphedSteps(self.wrapped_model, self._capture_context) if replays else None
+        self.graphs = GraphedSteps(self.wrapped_model, self.precision) if replays else None
 
     # --- construction -------------------------------------------------------------------------
 
@@ -141,10 +141,6 @@ class Engine(TrainingEngine):
             and self.grad_scaler is None
             and not compiled
         )
-
-    def _capture_context(self) -> Any:
-        precision = self.precision
-        return autocast_without_cache(self.device, precision.compute_dtype, precision.mixed)
 
     # --- the training step --------------------------------------------------------------------
 

@@ -17,8 +17,6 @@ side stream; dropout draws from the graph-safe CUDA generator.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -27,6 +25,7 @@ import torch.nn.functional as F
 from ..data.batches import IGNORE_INDEX
 from ..model.causal_lm import ModelWrapper, packed_attention_mask
 from ..model.loss import aligned_projection
+from .precision import Precision
 
 #: A graphed step's row is padded up to a multiple of this many tokens (one graph per length).
 BUCKET_TOKENS = 256
@@ -81,12 +80,11 @@ def static_loss(model: ModelWrapper, batch: dict[str, torch.Tensor]) -> torch.Te
 
 class GraphedSteps:
     """Forward and backward of ``model`` (bare, on one GPU) replayed from one CUDA graph per
-    bucket length; ``forward_context`` is the precision's autocast (its weight cache off: a
-    graph must cast the weights it is replayed with)."""
+    bucket length, under ``precision``'s autocast (without its cache of cast weights)."""
 
-    def __init__(self, model: ModelWrapper, forward_context: Callable[[], Any]) -> None:
+    def __init__(self, model: ModelWrapper, precision: Precision) -> None:
         self.model = model
-        self.forward_context = forward_context
+        self.precision = precision
         self.device = next(model.parameters()).device
         self.parameters = [p for p in model.parameters() if p.requires_grad]
         self.loss = torch.zeros((), device=self.device)
@@ -116,7 +114,7 @@ class GraphedSteps:
         for parameter in self.parameters:
             assert parameter.grad is not None
             parameter.grad.zero_()
-        with self.forward_context():
+        with self.precision.forward_context(self.device, cache_weights=False):
             loss = static_loss(self.model, inputs)
         loss.backward()
         self.loss.copy_(loss.detach())
@@ -143,10 +141,3 @@ class GraphedSteps:
                 assert parameter.grad is not None
                 parameter.grad.zero_()
         return graph, inputs
-
-
-def autocast_without_cache(device: torch.device, dtype: torch.dtype, enabled: bool) -> Any:
-    """The precision's autocast for a captured pass (no cache of cast weights across passes)."""
-    if not enabled:
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=dtype, cache_enabled=False)

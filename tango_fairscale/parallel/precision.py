@@ -42,9 +42,15 @@ class Precision:
         checkpoint trains on fp32 master weights under ``32-true`` and the ``-mixed`` ones)."""
         return module.to(self.param_dtype)
 
-    def forward_context(self, device: torch.device) -> contextlib.AbstractContextManager:
-        """Where forwards run: autocast to :attr:`compute_dtype` under the ``-mixed`` ones."""
-        return torch.autocast(device.type, dtype=self.compute_dtype, enabled=self.mixed)
+    def forward_context(
+        self, device: torch.device, cache_weights: bool = True
+    ) -> contextlib.AbstractContextManager:
+        """Where forwards run: autocast to :attr:`compute_dtype` under the ``-mixed`` ones;
+        ``cache_weights=False`` for a pass captured in a CUDA graph, which must cast the weights
+        it is replayed with (autocast's cache would keep the capture's casts)."""
+        return torch.autocast(
+            device.type, dtype=self.compute_dtype, enabled=self.mixed, cache_enabled=cache_weights
+        )
 
 
 def resolve_precision(name: str, device: torch.device) -> Precision:

@@ -1,5 +1,5 @@
 """The training step's config checked before any process starts, in one line per problem, and made
-into the plan every training process follows (:class:`~tango_fairscale.train.loop.TrainPlan`):
+into the plan every training process follows (:class:`~tango_fairscale.train.plan.TrainPlan`):
 its settings, its training pairs and its validation tasks."""
 
 from __future__ import annotations
