@@ -69,29 +69,34 @@ def _subclasses(cls: type) -> Iterator[type]:
         yield from _subclasses(subclass)
 
 
-def accepted_fields(class_name: str) -> list[str]:
-    """The config keys that the ``FromParams`` classes named ``class_name`` take (for a step: its
-    ``run`` arguments, then Tango's ``step_*`` options)."""
+def config_parameters(class_name: str) -> Iterator[inspect.Parameter]:
+    """The parameters through which the ``FromParams`` classes named ``class_name`` take their
+    config keys: a step's ``run`` then Tango's ``Step.__init__``, else ``__init__``."""
     from tango import Step
     from tango.common import FromParams
 
-    fields: list[str] = []
     for cls in _subclasses(FromParams):
         if cls.__name__ != class_name:
             continue
         functions = [cls.run, Step.__init__] if issubclass(cls, Step) else [cls.__init__]
         for function in functions:
             try:
-                parameters = inspect.signature(function).parameters.values()
+                yield from inspect.signature(function).parameters.values()
             except (TypeError, ValueError):
                 continue
-            fields += [
-                p.name
-                for p in parameters
-                if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-                and p.name not in ("self", "train_config", "step_config", "step_unique_id_override")
-                and p.name not in fields
-            ]
+
+
+def accepted_fields(class_name: str) -> list[str]:
+    """The config keys that the ``FromParams`` classes named ``class_name`` take (for a step: its
+    ``run`` arguments, then Tango's ``step_*`` options)."""
+    fields: list[str] = []
+    for p in config_parameters(class_name):
+        if (
+            p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+            and p.name not in ("self", "train_config", "step_config", "step_unique_id_override")
+            and p.name not in fields
+        ):
+            fields.append(p.name)
     return fields
 
 
@@ -101,23 +106,14 @@ def block_fields(class_name: str) -> dict[str, str]:
     take: where a key given at the top level belongs."""
     import dataclasses
 
-    from tango import Step
     from tango.common import FromParams
 
     found: dict[str, str] = {}
-    for cls in _subclasses(FromParams):
-        if cls.__name__ != class_name:
-            continue
-        function = cls.run if issubclass(cls, Step) else cls.__init__
-        try:
-            parameters = inspect.signature(function).parameters.values()
-        except (TypeError, ValueError):
-            continue
-        for parameter in parameters:
-            default = parameter.default
-            if isinstance(default, FromParams) and dataclasses.is_dataclass(default):
-                for block_field in dataclasses.fields(default):
-                    found.setdefault(block_field.name, parameter.name)
+    for parameter in config_parameters(class_name):
+        default = parameter.default
+        if isinstance(default, FromParams) and dataclasses.is_dataclass(default):
+            for block_field in dataclasses.fields(default):
+                found.setdefault(block_field.name, parameter.name)
     return found
 
 
