@@ -111,6 +111,38 @@ def test_unknown_field_inside_the_engine_sharding_block_is_not_swallowed(tmp_pat
     one_line(err.value, "ShardingConfig", "did you mean 'cpu_offload' for 'cpu_ofload'")
 
 
+@pytest.mark.parametrize(
+    "given, said",
+    [
+        (
+            {"device_count": 2},
+            "device_count belongs in the 'runtime' block: runtime: {device_count: ...}",
+        ),
+        (
+            {"log_every": 1, "pack_sequences": None},
+            "log_every, pack_sequences belong in the 'runtime' block: runtime: {log_every: ..., "
+            "pack_sequences: ...}",
+        ),
+    ],
+)
+def test_a_runtime_key_at_the_steps_top_level_is_told_where_it_goes(
+    given: dict, said: str, tiny_model_dir: Path
+) -> None:
+    from tango import Step
+
+    config = {
+        "type": "tango_fairscale::train",
+        "model": {"type": "tango_fairscale::causal_lm", "model": str(tiny_model_dir)},
+        "engine": {"type": "tango_fairscale::ddp"},
+        "task": "piqa",
+        "train_steps": 3,
+        **given,
+    }
+    with pytest.raises(ConfigurationError) as err:
+        Step.from_params(Params(config))
+    one_line(err.value, "Extra parameters passed to TrainStep", said)
+
+
 def test_unknown_engine_field_suggests_the_closest(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError) as err:
         build_engine({"type": "tango_fairscale::fsdp2", "precison": "32-true"}, tmp_path)

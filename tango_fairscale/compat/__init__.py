@@ -143,7 +143,8 @@ def patch_tango_unknown_fields() -> None:
             for block in dict.fromkeys(blocks[key] for key in self.params if key in blocks):
                 keys = [key for key in self.params if blocks.get(key) == block]
                 inside = ", ".join(f"{key}: ..." for key in keys)
-                hint += f"; {', '.join(keys)} belong in the {block!r} block: {block}: {{{inside}}}"
+                verb = "belongs" if len(keys) == 1 else "belong"
+                hint += f"; {', '.join(keys)} {verb} in the {block!r} block: {block}: {{{inside}}}"
             raise ConfigurationError(f"{error}{hint} ({name} takes {', '.join(fields)})") from None
 
     assert_empty.suggests_fields = True  # type: ignore[attr-defined]
