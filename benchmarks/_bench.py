@@ -154,7 +154,11 @@ def environment(commit: str | None, query_gpu: bool = True) -> dict[str, Any]:
         "tango": _tango_version(),
         "cpu_count": os.cpu_count(),
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
-        "env": {k: os.environ[k] for k in sorted(os.environ) if k.startswith(("NCCL_", "CUDA_"))},
+        "env": {
+            k: os.environ[k]
+            for k in sorted(os.environ)
+            if k.startswith(("NCCL_", "CUDA_", "PYTHONPYCACHE", "PYTHONDONTWRITE"))
+        },
         "argv": sys.argv,
     }
     info["gpu_count"] = torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -1,6 +1,9 @@
 """The README's main job measured as a user runs it: ``tango run configs/gpt2_piqa.jsonnet`` on a
 random GPT-2 124M and the official PIQA files, with every default and with the peer settings
-(``-D engine=ddp -D precision=32-true``), each in a fresh workspace, in one call.
+(``-D engine=ddp -D precision=32-true``), each in a fresh workspace, in one call. A variant named
+twice (``--variants default,ddp-fp32,default``) runs again as ``"<name> (again)"``: the first
+command on a fresh machine also builds lm-eval's task index and Inductor's and CUDA's caches,
+which every later command finds; the step speed-up compares the repeated default with the peer.
 
 Per command: wall time; the time split — before the training step starts (imports, config, Tango
 hashing the steps), the run's own split (``time split:`` of the training step: setup, first
@@ -205,13 +208,17 @@ def main() -> None:
         config = {"model_type": "gpt2", **_bench.SHAPES[shape]}
         ModelWrapper(config=config, tokenizer=args.tokenizer, seed=1).save(args.model)
     env = _bench.environment(args.commit)
-    results = {name: run_command(name, VARIANTS[name], args) for name in args.variants.split(",")}
+    results: dict[str, Any] = {}
+    for name in args.variants.split(","):  # a name given again: the same command, caches warm
+        key = name if name not in results else f"{name} (again)"
+        results[key] = run_command(name, VARIANTS[name], args)
     report: dict[str, Any] = {
         "environment": env,
         "train_steps": args.train_steps,
         "variants": results,
     }
-    base, peer = results.get("default", {}), results.get("ddp-fp32", {})
+    base = results.get("default (again)", results.get("default", {}))
+    peer = results.get("ddp-fp32", {})
     if base.get("step_ms_mean") and peer.get("step_ms_mean"):
         report["step_speedup_vs_ddp_fp32"] = round(peer["step_ms_mean"] / base["step_ms_mean"], 3)
     _bench.write_json(Path(args.out), report)

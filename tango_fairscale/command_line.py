@@ -74,7 +74,11 @@ def parse_tango_run(argv: Sequence[str]) -> TangoRun | None:
 
     try:
         context = tango_command.make_context("tango", list(argv), resilient_parsing=True)
-        rest = [*context.protected_args, *context.args]
+        # click < 8.2 keeps the subcommand's name in ``protected_args``; later ones in
+        # ``_protected_args`` (reading ``protected_args`` there warns).
+        attributes = vars(context)
+        protected = attributes.get("_protected_args", attributes.get("protected_args", []))
+        rest = [*protected, *context.args]
         if not rest or rest[0] != "run" or context.params.get("called_by_executor"):
             return None
         command = tango_command.get_command(context, "run")

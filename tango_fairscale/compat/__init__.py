@@ -21,16 +21,18 @@ are in :mod:`.fairscale` and :mod:`.transformers`, applied where those libraries
   name; with the pinned transformers its ``transformers`` integration raises ``ImportError``, so a
   typo surfaced as a raw import error. Integrations that do not import are skipped, and the typo
   ends in Tango's ``RegistryKeyError`` ("... is not a registered name ..., did you mean ...?").
-* Tango's ``torch::train`` builds its engine in each spawned process: an engine that refuses the
-  number of processes (``pipe`` with ``device_count`` 2) failed in every worker (61 lines). An
-  engine class's ``check_world_size(device_count)`` is asked when the step is built.
+* Tango's ``torch::train`` builds its engine in each spawned process: an engine config it refuses
+  (``pipe`` with ``device_count`` 2, a misspelt ``sharding`` key) failed in every worker (61
+  lines). The package's engines check their config when the step is built
+  (:meth:`~tango_fairscale.parallel.engine.Engine.check_config`).
 * An expected error (a ``ConfigurationError``, the package's one-line errors) reaches the terminal
   as its message alone, its traceback kept in the run's log (:mod:`.tango_errors`).
 * Two runs on one local workspace: a step one of them runs is waited for by the other, never run
   twice or failed (:mod:`.tango_locks`).
 * No ``pkg_resources`` warning before every step, one line per finished progress bar
   (:mod:`.tango_output`).
-* A local run records when its command started, before models were loaded (:mod:`.tango_runs`).
+* A local run records when its command started, before models were loaded, and a finished
+  ``tango run`` ends without freeing its modules one by one (:mod:`.tango_runs`).
 * transformers does not import scikit-learn for assisted generation, which the package never runs
   (:mod:`.transformers`).
 """
@@ -176,26 +178,36 @@ def patch_tango_registry_search() -> None:
     registrable.import_module_and_submodules = import_module_and_submodules  # type: ignore[assignment]
 
 
-def patch_torch_train_world_size() -> None:
+def check_engine_config(engine: Any, world_size: int) -> None:
+    """The ``check_config(fields, world_size)`` of the engine class that ``engine``, a config not
+    yet built (a ``Lazy``), names, where it has one (the package's engines:
+    :meth:`~tango_fairscale.parallel.engine.Engine.check_config`); anything else is left to its
+    own construction."""
     from tango.integrations.torch import TrainingEngine
+
+    params: Any = getattr(engine, "_params", None)  # the config as written: Lazy has no view
+    fields = params.as_dict(quiet=True) if hasattr(params, "as_dict") else None
+    name = fields.get("type") if isinstance(fields, dict) else None
+    if not isinstance(name, str) or name not in TrainingEngine.list_available():
+        return
+    check = getattr(TrainingEngine.resolve_class_name(name)[0], "check_config", None)
+    if check is not None:
+        check(fields, world_size)
+
+
+def patch_torch_train_engine_check() -> None:
     from tango.integrations.torch.train import TorchTrainStep
 
     original = TorchTrainStep.massage_kwargs.__func__  # type: ignore[attr-defined]
-    if getattr(original, "checks_world_size", False):
+    if getattr(original, "checks_engine_config", False):
         return
 
     def massage_kwargs(cls: type, kwargs: dict[str, Any]) -> dict[str, Any]:
         kwargs = original(cls, kwargs)
-        params = getattr(kwargs.get("training_engine"), "_params", None)  # a Lazy's config
-        name = params.get("type") if params is not None else None
-        if isinstance(name, str) and name in TrainingEngine.list_available():
-            engine = TrainingEngine.resolve_class_name(name, search_modules=False)[0]
-            check = getattr(engine, "check_world_size", None)
-            if check is not None:
-                check(kwargs.get("device_count", 1))
+        check_engine_config(kwargs.get("training_engine"), kwargs.get("device_count", 1))
         return kwargs
 
-    massage_kwargs.checks_world_size = True  # type: ignore[attr-defined]
+    massage_kwargs.checks_engine_config = True  # type: ignore[attr-defined]
     TorchTrainStep.massage_kwargs = classmethod(massage_kwargs)  # type: ignore[method-assign,assignment]
 
 
@@ -210,11 +222,12 @@ def apply() -> None:
     tango_locks.patch_tango_step_locks()
     tango_output.apply()
     tango_runs.patch_tango_run_start()
+    tango_runs.patch_tango_run_exit()
     patch_tango_step_copies()
     patch_tango_git_metadata()
     patch_tango_unknown_fields()
     patch_tango_registry_search()
-    patch_torch_train_world_size()
+    patch_torch_train_engine_check()
     transformers.skip_sklearn_import()
 
 

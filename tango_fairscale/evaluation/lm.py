@@ -151,12 +151,11 @@ class ScorerLM(LM):
 @contextlib.contextmanager
 def scoring_precision(model: torch.nn.Module, precision: Any) -> Iterator[None]:
     """Score under ``precision`` (a resolved :class:`~tango_fairscale.parallel.precision.
-    Precision`): autocast for the ``-mixed`` ones, the model cast for ``bf16-true``; without
-    gradients (not ``inference_mode``: autocast caches its casts of the weights only for tensors
-    that require gradients, and would re-cast every weight in every forward)."""
+    Precision`): its forward context (autocast for the ``-mixed`` ones, the attention kernels on
+    a GPU), the model cast for ``bf16-true``; without gradients (not ``inference_mode``:
+    autocast caches its casts of the weights only for tensors that require gradients, and would
+    re-cast every weight in every forward)."""
     if precision.param_dtype != torch.float32:
         model.to(precision.param_dtype)
-    device_type = next(model.parameters()).device.type
-    autocast = torch.autocast(device_type, precision.compute_dtype, enabled=precision.mixed)
-    with torch.no_grad(), autocast:
+    with torch.no_grad(), precision.forward_context(next(model.parameters()).device):
         yield

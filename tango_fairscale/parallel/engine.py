@@ -23,13 +23,13 @@ from tango.common.exceptions import ConfigurationError
 from tango.integrations.torch import LRScheduler, Model, Optimizer, TrainConfig, TrainingEngine
 
 from .. import compat  # noqa: F401  (Tango fixes)
-from ..checks import positive_number
+from ..checks import one_of, positive_number
 from ..model.causal_lm import ModelWrapper, move_batch
 from ..records.checkpoints import Identity, run_id
 from ..runtime.process_group import join_process_group
 from . import consolidate
 from .graphs import GraphedSteps
-from .precision import LossScaling, resolve_precision
+from .precision import PRECISIONS, LossScaling, resolve_precision
 from .sharding import ShardingConfig
 from .strategy import Placement, ShardedStrategy, Strategy, unwrap
 
@@ -83,6 +83,33 @@ class Engine(TrainingEngine):
         #: one GPU, no fp16 loss scaling, no compiled units.
         replays = self._replays()
         self.graphs = GraphedSteps(self.wrapped_model, self.precision) if replays else None
+
+    @classmethod
+    def check_config(cls, fields: dict[str, Any], world_size: int) -> None:
+        """Refuse in one line, before any model or process exists, an engine block (``fields``, its
+        config as written) that building this engine would refuse: a key it does not take, a
+        ``precision`` or ``max_grad_norm`` out of range, a config block (``sharding``, ``pipe``)
+        that fails its own checks, a number of processes it cannot run on."""
+        import inspect
+
+        from tango.common import FromParams, Params
+
+        parameters = inspect.signature(cls.__init__).parameters
+        unknown = {key: value for key, value in fields.items() if key not in parameters}
+        unknown.pop("type", None)
+        if unknown:  # Tango's own message, with the closest field and the list of fields
+            Params(unknown).assert_empty(cls.__name__)
+        one_of("precision", fields.get("precision", "auto"), PRECISIONS)
+        positive_number("max_grad_norm", fields.get("max_grad_norm"), optional=True)
+        for name, parameter in parameters.items():
+            block = fields.get(name)
+            if isinstance(parameter.default, FromParams) and isinstance(block, dict):
+                type(parameter.default).from_params(Params(dict(block)))
+        cls.check_world_size(world_size)
+
+    @classmethod
+    def check_world_size(cls, world_size: int) -> None:
+        """Refuse (one line) a number of processes this engine cannot run on; any, by default."""
 
     # --- construction -------------------------------------------------------------------------
 

@@ -43,6 +43,21 @@ class TrainSettings:
         integer("seed", self.seed)
         positive_int("validate_every", self.validate_every, optional=True)
 
+    @classmethod
+    def of(
+        cls,
+        train_steps: int,
+        batch_size: int,
+        grad_accum: int,
+        seed: int,
+        validate_every: int | None,
+        max_gen_toks: int,
+        generation_seed: int,
+    ) -> TrainSettings:
+        """The settings of the training step's ``run`` arguments of the same names, checked."""
+        generation = GenerationSettings(max_gen_toks, generation_seed)
+        return cls(train_steps, batch_size, grad_accum, seed, validate_every, generation)
+
     def plan(
         self,
         step: Step,

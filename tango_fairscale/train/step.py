@@ -5,6 +5,7 @@ its files given back."""
 
 from __future__ import annotations
 
+import inspect
 import logging
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from tango.common.exceptions import ConfigurationError
 from tango.integrations.torch import Model, TrainCallback, TrainingEngine
 from tango.step import StepResources
 
-from .. import compat  # noqa: F401  (Tango fixes)
+from ..compat import check_engine_config  # (and Tango's fixes)
 from ..evaluation.call import GenerationSettings
 from ..model.causal_lm import ModelWrapper
 from ..model.fingerprint import FingerprintedLazy
@@ -33,6 +34,17 @@ from .plan import DEFAULT_RUNTIME, TrainRuntime
 from .settings import TrainComponents, TrainSettings, training_data
 
 logger = logging.getLogger(__name__)
+
+#: The ``run`` arguments that make :class:`~.settings.TrainSettings`.
+_SETTINGS = (
+    "train_steps",
+    "batch_size",
+    "grad_accum",
+    "seed",
+    "validate_every",
+    "max_gen_toks",
+    "generation_seed",
+)
 
 
 @Step.register("tango_fairscale::train")
@@ -99,8 +111,17 @@ class TrainStep(Step[ModelWrapper]):
 
     @classmethod
     def massage_kwargs(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
-        """The model's cache key holds the fingerprint of its files, not just their path
+        """The settings and the engine block checked when the step is built, before any step runs
+        (:meth:`~tango_fairscale.parallel.engine.Engine.check_config`); the model's cache key
+        holds the fingerprint of its files, not just their path
         (:class:`~tango_fairscale.model.fingerprint.FingerprintedLazy`)."""
+        runtime = kwargs.get("runtime", DEFAULT_RUNTIME)
+        if isinstance(runtime, TrainRuntime):
+            check_engine_config(kwargs.get("engine"), runtime.device_count)
+        arguments = inspect.signature(cls.run).parameters
+        settings = {name: kwargs.get(name, arguments[name].default) for name in _SETTINGS}
+        if not any(isinstance(v, Step) or v is inspect.Parameter.empty for v in settings.values()):
+            TrainSettings.of(**settings)
         model = kwargs.get("model")
         if isinstance(model, Lazy) and not isinstance(model, FingerprintedLazy):
             kwargs = {**kwargs, "model": FingerprintedLazy.of(model)}
@@ -130,9 +151,8 @@ class TrainStep(Step[ModelWrapper]):
         generation_seed: int = GenerationSettings.seed,
         runtime: TrainRuntime = DEFAULT_RUNTIME,
     ) -> ModelWrapper:
-        generation = GenerationSettings(max_gen_toks, generation_seed)
-        settings = TrainSettings(
-            train_steps, batch_size, grad_accum, seed, validate_every, generation
+        settings = TrainSettings.of(
+            train_steps, batch_size, grad_accum, seed, validate_every, max_gen_toks, generation_seed
         )
         components = TrainComponents(model, engine, list(callbacks or []), val_metric)
         pairs, validation = training_data(task, validate_tasks, engine)

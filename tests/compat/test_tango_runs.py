@@ -1,11 +1,13 @@
-"""A local run records when its ``tango run`` process started (``compat/tango_runs.py``); Tango runs
-in a git repository without an origin (``compat/__init__.py``)."""
+"""A local run records when its ``tango run`` process started and a finished one exits without its
+teardown (``compat/tango_runs.py``); Tango runs in a git repository without an origin
+(``compat/__init__.py``)."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -40,3 +42,21 @@ def test_tango_runs_in_a_repository_without_origin(tmp_path, monkeypatch) -> Non
         GitMetadata.check_for_repo()
 
     assert EnvironmentMetadata().git is None
+
+
+def test_exit_now_ends_as_python_would_without_the_teardown(tmp_path: Path) -> None:
+    """Another thread is joined, exit handlers run, unflushed output comes out, status 0."""
+    script = f"""
+import atexit, pathlib, threading, time
+from tango_fairscale.compat.tango_runs import exit_now
+out = pathlib.Path({str(tmp_path)!r})
+atexit.register(lambda: (out / "handler").write_text("ran"))
+threading.Thread(target=lambda: (time.sleep(0.2), (out / "thread").write_text("joined"))).start()
+print("unflushed", end="")
+exit_now()
+print("not reached")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert (done.returncode, done.stdout) == (0, "unflushed"), done.stderr
+    assert (tmp_path / "handler").read_text() == "ran"
+    assert (tmp_path / "thread").read_text() == "joined"

@@ -1,4 +1,5 @@
-"""The engines' shared step on a GPU: an fp16 overflow under ``16-mixed`` is skipped and logged.
+"""The engines' config checked before anything is built (``Engine.check_config``), and their
+shared step on a GPU: an fp16 overflow under ``16-mixed`` is skipped and logged.
 
 ``16-mixed`` needs CUDA (it is refused on CPU, tested in ``test_hostile_input.py``), so these
 tests run only where a GPU is visible (``scripts/gpu_tests.sh`` runs them on the lent H200s).
@@ -17,7 +18,52 @@ import torch
 import torch.distributed as dist
 from conftest import assert_close_by_key, engine_config
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="16-mixed needs a GPU")
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="16-mixed needs a GPU")
+
+
+@pytest.mark.parametrize(
+    "fields, world_size, message",
+    [
+        ({"type": "tango_fairscale::fairscale", "shardng": {}}, 1, "did you mean 'sharding'"),
+        ({"type": "tango_fairscale::fsdp2", "precision": "bf16"}, 1, "unknown precision 'bf16'"),
+        ({"type": "tango_fairscale::ddp", "max_grad_norm": 0}, 1, "max_grad_norm must be"),
+        (
+            {"type": "tango_fairscale::fairscale", "sharding": {"modules_to_wrap": "h"}},
+            1,
+            "sharding.modules_to_wrap must be a list of regexes",
+        ),
+        ({"type": "tango_fairscale::pipe", "pipe": {"chunks": 0}}, 1, "chunks"),
+        ({"type": "tango_fairscale::pipe"}, 2, "set device_count=1"),
+    ],
+)
+def test_an_engine_block_is_refused_in_one_line_before_anything_is_built(
+    fields: dict, world_size: int, message: str
+) -> None:
+    from tango.common.exceptions import ConfigurationError
+
+    from tango_fairscale.compat import check_engine_config
+
+    with pytest.raises(ConfigurationError, match=message) as error:
+        check_engine_config(lazy_engine(fields), world_size)
+    assert "\n" not in str(error.value)
+
+
+def test_a_good_engine_block_and_other_engines_pass_the_check() -> None:
+    from tango_fairscale.compat import check_engine_config
+
+    for engine in ("ddp", "fairscale", "fsdp2", "pipe"):
+        check_engine_config(lazy_engine(engine_config(f"tango_fairscale::{engine}")), 1)
+    sharding = {"modules_to_wrap": ["h"], "activation_checkpointing": True}
+    check_engine_config(lazy_engine(engine_config("tango_fairscale::fsdp2", sharding=sharding)), 4)
+    check_engine_config(lazy_engine({"type": "torch::naive"}), 2)  # Tango's own: not ours to check
+    check_engine_config(None, 1)
+
+
+def lazy_engine(fields: dict):
+    from tango.common import Lazy, Params
+    from tango.integrations.torch import TrainingEngine
+
+    return Lazy(TrainingEngine, Params(fields))
 
 
 def build_engine(engine: str, model_dir: Path, work_dir: Path):
@@ -36,6 +82,7 @@ def one_step(engine, batch: dict, loss_factor: float) -> None:
     engine.step()
 
 
+@needs_gpu
 @pytest.mark.parametrize("name", ["ddp", "fairscale", "fsdp2"])
 def test_fp16_overflow_skips_the_step_and_logs_it(
     name: str, tiny_model_dir: Path, piqa_small, tmp_path: Path, caplog

@@ -98,3 +98,19 @@ def test_convert_module_and_forward_context_follow_the_precision() -> None:
     with resolve_precision("32-true", CPU).forward_context(CPU):
         assert layer(torch.ones(1, 2)).dtype == torch.float32
     assert pure.convert_module(layer).weight.dtype == torch.bfloat16
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the attention kernels of a GPU")
+def test_forwards_on_a_gpu_leave_cudnn_attention_out() -> None:
+    """cuDNN's attention builds a plan for every new shape (up to a second each); packed batches
+    change shape from batch to batch."""
+    gpu = torch.device("cuda")
+    enabled = torch.backends.cuda.cudnn_sdp_enabled()
+    with resolve_precision("bf16-mixed", gpu).forward_context(gpu):
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.mem_efficient_sdp_enabled()
+        q = torch.randn(2, 4, 40, 64, device=gpu)
+        mask = torch.ones(40, 40, dtype=torch.bool, device=gpu).tril()
+        out = torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+        assert out.dtype == torch.bfloat16
+    assert torch.backends.cuda.cudnn_sdp_enabled() == enabled

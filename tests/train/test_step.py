@@ -147,3 +147,40 @@ def test_a_finished_run_that_kept_its_optimizer_state_is_not_trained_again(
     assert_close_by_key(stored, load_file(source.parent / "model.safetensors"))
     assert not read_manifest(target / "checkpoints" / "step0000020").model_only
     assert not (target / "final_weights.pt").exists()
+
+
+@pytest.mark.parametrize(
+    "engine_fields, arguments, message",
+    [
+        ({"shardng": {}}, {"train_steps": 10}, "did you mean 'sharding'"),
+        ({}, {"train_steps": 0}, "train_steps must be a positive integer"),
+        ({}, {"train_steps": 10, "validate_every": -1}, "validate_every must be"),
+        ({}, {"train_steps": 10, "max_gen_toks": 0}, "max_gen_toks must be"),
+    ],
+)
+def test_settings_and_engine_are_refused_when_the_step_is_built(
+    tiny_model_dir: Path, engine_fields: dict, arguments: dict, message: str
+) -> None:
+    """Tango builds every step of a config before it runs any: a refusal here comes before the
+    first ``Starting step``."""
+    from conftest import engine_config
+    from tango.common import Lazy, Params
+    from tango.common.exceptions import ConfigurationError
+    from tango.integrations.torch import Model, TrainingEngine
+
+    from tango_fairscale.tasks.lm_eval import TaskSpec
+    from tango_fairscale.train.step import TrainStep
+
+    model = Lazy(
+        Model, Params({"type": "tango_fairscale::causal_lm", "model": str(tiny_model_dir)})
+    )
+    fields = engine_config("tango_fairscale::fairscale", **engine_fields)
+    engine = Lazy(TrainingEngine, Params(fields))
+    with pytest.raises(ConfigurationError, match=message):
+        TrainStep(model=model, engine=engine, task=TaskSpec(name="piqa"), **arguments)
+    TrainStep(
+        model=model,
+        engine=Lazy(TrainingEngine, Params(engine_config(fields["type"]))),
+        task=TaskSpec(name="piqa"),
+        train_steps=10,
+    )
