@@ -35,6 +35,7 @@
 #@ lm-eval | 1 | 400 | the whole command <= 1/4 of lm-eval hf bf16 at its best batch size (64, 256, auto), a second model <= 1/10 of lm-eval's --cache_requests rerun, scoring >= 3x; PIQA eval-only through tango run
 #@ generation | 1 | 420 | the package's generate_until >= 3x lm-eval's HF backend (generated tokens/s, bf16), GSM8K-shaped: 2,000 prompts x 256 new tokens; whole commands
 #@ graph-probe | 1 | 240 | static-shape packed PIQA steps (bucketed lengths) captured as CUDA graphs against eager steps, bare 124M on one GPU: step and GPU kernel ms against eager fp32 (target <= 1/2), 300-step loss parity, capture cost and buckets of the 2,000-step schedule
+#@ attention-probe | 1 | 60 | the first call of each attention kernel at each new packed length (bf16, boolean mask): why forwards on a GPU leave cuDNN's attention out
 #@ torch-train | 1 | 200 | Tango's torch::train with the fsdp2 engine (bf16-mixed) next to tango_fairscale::train: tokens/s
 # Groups: train-synthetic = train-synthetic-124m train-synthetic-1.5b.
 set -u -o pipefail
@@ -242,6 +243,12 @@ suite_graph_probe() {  # graph_probe_GPU.json / .md: eager and graph-captured va
   step "$BUDGET" "$PY" benchmarks/graph_probe.py "${TINY[@]}" --piqa "$PIQA" --tokenizer "$TOK" \
     --budget-s $(( BUDGET - 15 )) --variant-timeout-s $(( BUDGET / 2 )) --out "$DIR"
   [ "$DRY_RUN" = 1 ] || cat "$DIR"/graph_probe_*.md 2>/dev/null | tee -a "$LOG"
+}
+
+suite_attention_probe() {  # attention_probe.json: first and second calls per kernel
+  [ ${#TINY[@]} -gt 0 ] && { echo "(attention-probe needs a GPU)"; return 0; }
+  step "$BUDGET" "$PY" benchmarks/attention_probe.py --out "$DIR/attention_probe.json"
+  [ "$DRY_RUN" = 1 ] || grep '^{' "$DIR/log.txt" | tee -a "$LOG"
 }
 
 suite_multinode() {  # multinode.json: the largest weight difference of each launch to one node

@@ -80,6 +80,13 @@ EARLIER: dict[str, dict[str, str | None]] = {
         "piece; the first forward 7.1 s with the compiled loss, 2.2 s with it eager below 4,096 "
         "tokens",
     },
+    "startup_profile_h200_b0af250": {
+        "suite": None,
+        "target": "evidence (a command's fixed cost): py-spy of the main job and of an "
+        "evaluation-only command; uncompiled bytecode 8.7 s a process on the device, cuDNN "
+        "attention's plan per new length up to 1.2 s; the main job 55.0 s as a machine's third "
+        "command",
+    },
     "profile_main_job_h200_1686201": {
         "suite": "profile-main-job",
         "figure": "analysis: each process of the main job's command (300 steps) under cProfile",

@@ -94,14 +94,31 @@ class RankFiles(CheckpointFormat):
     def load(self, owner: StateOwner, directory: Path, manifest: Manifest) -> dict[str, Any]:
         rank = owner.train_config.worker_id if self.sharded else 0
         state = read_rank_file(directory, rank, manifest.identity)
+        self.check_layout(directory, sharded=_holds_shards(state))
         owner.load_model_state(state["model"])
         owner.optimizer.load_state_dict(state["optimizer"])
         return restore_trainer_state(owner, state)
 
+    def check_layout(self, directory: Path, sharded: bool) -> None:
+        """Refuse (one line) a checkpoint whose model is laid out otherwise than this engine
+        holds it: FairScale's shards where the whole model is trained, or the reverse. A sharded
+        engine trains the whole model on one GPU (nothing to shard there), so a run moved between
+        one GPU and CPUs or several GPUs meets it."""
+        if sharded == self.sharded:
+            return
+        held = "FairScale's shards" if sharded else "the whole model"
+        here = "shards it" if self.sharded else "trains it whole"
+        raise ConfigurationError(
+            f"checkpoint {directory} holds {held} and this engine {here} (a sharded engine "
+            "trains the whole model on one GPU unless it offloads, checkpoints activations or "
+            "compiles; elsewhere its shards): resume where it was written, or delete it to train "
+            "from the start"
+        )
+
     def full_state(self, directory: Path, manifest: Manifest) -> dict[str, torch.Tensor]:
         identity = manifest.identity
         first = read_rank_file(directory, 0, identity, mmap=True)
-        if "model_metadata" not in first:
+        if not _holds_shards(first):
             return dict(first["model"])  # an unsharded engine's full state
         states = [first] + [
             read_rank_file(directory, rank, identity, mmap=True)
@@ -181,3 +198,8 @@ def consolidate_fairscale(
     for name in metadata[0]["buffer_names"]:  # replicated: rank 0's copy
         full[name] = shards[0][name]
     return full
+
+
+def _holds_shards(state: dict[str, Any]) -> bool:
+    """Whether a rank file holds FairScale's shards (with their metadata), not a whole model."""
+    return "model_metadata" in state

@@ -144,6 +144,24 @@ def test_what_a_format_cannot_load_is_refused_in_one_line(saved, tmp_path, tiny_
     RankFiles().check_world_size(directory, written_by_two, 1)  # rank 0's full state: any count
 
 
+def test_a_layout_the_engine_does_not_hold_is_refused_in_one_line(
+    saved, tmp_path, tiny_model_dir, monkeypatch
+) -> None:
+    """A sharded engine's bare model on one GPU writes the whole model; on CPUs it shards: a run
+    moved between them is refused before anything is loaded, both ways."""
+    engine, directory = saved("rank-files")  # the whole model, as the bare model writes it
+    before = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    with pytest.raises(ConfigurationError, match="holds the whole model and this engine shards"):
+        RankFiles(sharded=True, reshards=False).restore(engine, directory)
+    monkeypatch.setattr(type(engine), "model_layout", lambda self: {"model_metadata": {}})
+    shards = tmp_path / "shards"
+    RankFiles(sharded=True).save(engine, shards, {"step": 5}, IDENTITY)
+    with pytest.raises(ConfigurationError, match="holds FairScale's shards and this engine trains"):
+        RankFiles().restore(engine, shards)
+    assert all(torch.equal(before[k], v) for k, v in engine.model.state_dict().items())
+    RankFiles().restore(engine, directory)  # the layout it holds loads
+
+
 def test_every_format_is_known_to_export() -> None:
     from tango_fairscale.parallel.consolidate import FORMATS as KNOWN
 
