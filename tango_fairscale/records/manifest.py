@@ -1,11 +1,15 @@
 """A checkpoint's manifest, in pure Python: the identity its files carry, each file's size and
-SHA-256 digest (recorded while the file is written), and their JSON form."""
+SHA-256 digest (recorded while the file is written, a write that can be abandoned), and their JSON
+form."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import json
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
@@ -51,14 +55,38 @@ class FileRecord:
     sha256: str
 
 
+class WriteAbandoned(RuntimeError):
+    """A write stopped by :func:`abandoned_when`'s event."""
+
+
+_ABANDON: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar(
+    "abandon", default=None
+)
+
+
+@contextlib.contextmanager
+def abandoned_when(event: threading.Event) -> Iterator[None]:
+    """Every :class:`HashingFile` opened inside the block raises :class:`WriteAbandoned` at its
+    next write once ``event`` is set (a write in flight that a newer checkpoint supersedes)."""
+    token = _ABANDON.set(event)
+    try:
+        yield
+    finally:
+        _ABANDON.reset(token)
+
+
 class HashingFile:
     """A binary file being written that records the size and digest of what passes through
-    (hand it to ``torch.save``, ``pickle.dump``, ...)."""
+    (hand it to ``torch.save``, ``pickle.dump``, ...); abandoned at a write under
+    :func:`abandoned_when`."""
 
     def __init__(self, file: BinaryIO) -> None:
         self._file, self._hash, self._size = file, hashlib.sha256(), 0
+        self._abandon = _ABANDON.get()
 
     def write(self, data: Any) -> int:
+        if self._abandon is not None and self._abandon.is_set():
+            raise WriteAbandoned(f"the write of {self._file.name} was abandoned")
         view = memoryview(data).cast("B")
         self._hash.update(view)
         self._size += view.nbytes

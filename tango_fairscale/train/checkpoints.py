@@ -10,6 +10,7 @@ writes need no collective (rank files: ``ddp``, ``fairscale``, ``pipe``).
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 import time
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from ..records.checkpoints import (
     step_name,
     write_manifest,
 )
+from ..records.manifest import abandoned_when
 from ..runtime.process_group import barrier
 
 logger = logging.getLogger(__name__)
@@ -103,7 +105,9 @@ class BackgroundWriter:
     pruning), with no collective: the loop's own collectives go on undisturbed. A kill at any
     moment leaves ``.partial-`` files that are never read. A failed write is raised on the rank
     that failed at its next :meth:`check` or :meth:`save` (rank 0 too: it waits for the records),
-    as :class:`TrainingStopped`. Formats whose writes are collective save synchronously."""
+    as :class:`TrainingStopped`. A run's final checkpoint supersedes the write in flight: that one
+    is abandoned at its next file write and its ``.partial-`` directory removed, instead of
+    waited for (``supersede``). Formats whose writes are collective save synchronously."""
 
     def __init__(self, engine: Engine, policy: CheckpointPolicy, timeout_s: float) -> None:
         self.engine, self.policy, self.timeout_s = engine, policy, timeout_s
@@ -112,16 +116,26 @@ class BackgroundWriter:
         self.copier = HostCopier()
         self.thread: threading.Thread | None = None
         self.failure: tuple[int, str] | None = None
+        self.abandoning = threading.Event()  # set: the write in flight stops at its next write
+        self.writing_step = 0  # the step of the newest write started
         #: Seconds of each background write, from its snapshot to its commit: what a
         #: synchronous write would have stopped the loop for.
         self.write_seconds: list[float] = []
 
     def save(
-        self, step: int, extra: dict | None = None, wait: bool = False, model_only: bool = False
+        self,
+        step: int,
+        extra: dict | None = None,
+        wait: bool = False,
+        model_only: bool = False,
+        supersede: bool = False,
     ) -> None:
         """Start writing step ``step``'s checkpoint (call on every rank), without the optimizer
-        state when ``model_only``; ``wait``: return once it is committed (call on every rank:
-        the ranks meet in a barrier)."""
+        state when ``model_only``; ``wait``: return once it is committed; ``supersede``: abandon
+        the write in flight instead of waiting for it (:meth:`abandon`). With ``wait`` or
+        ``supersede``, call on every rank: the ranks meet in a barrier."""
+        if supersede:
+            self.abandon()
         self.wait()
         engine, fmt = self.engine, self.engine.checkpoint_format
         if not fmt.background:
@@ -131,6 +145,7 @@ class BackgroundWriter:
         identity = Identity(self.policy.run_id, step, self.world_size)
         state = fmt.take(engine, client_state, identity, model_only)
         snapshot, ready = self.copier.copy(state)
+        self.writing_step = step
         self.thread = threading.Thread(
             target=self._write,
             args=(snapshot, ready, identity, model_only),
@@ -168,6 +183,21 @@ class BackgroundWriter:
                 f"{resume_hint(self.policy.directory)} once it can be written"
             )
 
+    def abandon(self) -> None:
+        """Stop the write in flight at its next file write, on every rank (call on all: they
+        meet in a barrier), and remove its ``.partial-`` directory; ``latest`` stays the
+        checkpoint before it. A write that ended meanwhile stays as it ended."""
+        thread = self.thread if self.busy else None
+        if thread is not None:
+            self.abandoning.set()
+            thread.join()
+        self.abandoning.clear()
+        barrier()  # no rank's thread writes into the directory any more
+        partial = partial_dir(self.policy.directory, self.writing_step)
+        if thread is not None and self.rank == 0 and partial.exists():  # else it was committed
+            shutil.rmtree(partial, ignore_errors=True)
+            logger.info("checkpoint %s abandoned: the final one supersedes it", partial.name)
+
     def settle(self) -> None:
         """On the way out of a failed run: let the write in flight finish (within the timeout)
         and log, not raise, its failure."""
@@ -184,7 +214,8 @@ class BackgroundWriter:
             if ready is not None:
                 ready.synchronize()
             partial.mkdir(parents=True, exist_ok=True)
-            records = fmt.write(snapshot, partial, self.rank)
+            with abandoned_when(self.abandoning):
+                records = fmt.write(snapshot, partial, self.rank)
             if self.rank == 0:
                 records.update(save_model_files(self.engine.wrapped_model, partial))
                 files = {**records, **self._other_ranks_records(partial, identity)}
@@ -194,6 +225,8 @@ class BackgroundWriter:
                 _leave(partial / _records_name(self.rank), Manifest(fmt.name, identity, records))
             self.write_seconds.append(time.perf_counter() - started)
         except Exception as error:  # noqa: BLE001 - a full disk, a lost mount, another rank's
+            if self.abandoning.is_set():  # superseded (however the write stopped): no failure
+                return
             self.failure = (identity.step, str(error) or type(error).__name__)
             if self.rank != 0:  # rank 0 must not wait for records that never come
                 failed = partial / _records_name(self.rank, failed=True)
@@ -206,6 +239,8 @@ class BackgroundWriter:
         for rank in range(1, self.world_size):
             path, failed = partial / _records_name(rank), partial / _records_name(rank, True)
             while not path.exists():
+                if self.abandoning.is_set():
+                    raise OSError("abandoned")
                 if failed.exists():
                     raise OSError(f"rank {rank}: {failed.read_text()}")
                 if time.monotonic() > deadline:

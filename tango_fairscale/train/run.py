@@ -215,13 +215,15 @@ class TrainingRun:
     def checkpoint(self, done: int, wait: bool = False) -> None:
         """Start writing the checkpoint after ``done`` steps (:class:`.checkpoints.
         BackgroundWriter`); ``wait``: until it is committed. The last step's is what a finished
-        run keeps: without the optimizer state unless ``runtime.keep_optimizer_state``."""
+        run keeps: without the optimizer state unless ``runtime.keep_optimizer_state``, and it
+        supersedes a write still in flight (abandoned, not waited for)."""
         extra: dict[str, Any] = {"best_val_metric": self.best}
         if self.callbacks:
             extra["callbacks"] = self.callbacks.state_dict()
-        model_only = done == self.plan.train_steps and not self.plan.runtime.keep_optimizer_state
+        final = done == self.plan.train_steps
+        model_only = final and not self.plan.runtime.keep_optimizer_state
         self.clock.lap("steps")
-        self.writer.save(done, extra, wait=wait, model_only=model_only)
+        self.writer.save(done, extra, wait=wait, model_only=model_only, supersede=final)
         self.checkpoint_due = False
         self.clock.lap("checkpoints")
         self.throughput.skip()

@@ -115,3 +115,22 @@ def test_a_hashing_file_passes_position_and_flush_through(tmp_path: Path) -> Non
         assert hashing.fileno() == raw.fileno() and "f'" in repr(hashing)
         assert (tmp_path / "f").read_bytes() == b"abcde"
     assert hashing.record() == FileRecord(5, hashlib.sha256(b"abcde").hexdigest())
+
+
+def test_a_write_is_abandoned_once_its_event_is_set(tmp_path: Path) -> None:
+    """Under ``abandoned_when``, a file's next write raises once the event is set; outside it,
+    writes go on whatever the event."""
+    import threading
+
+    from tango_fairscale.records.manifest import WriteAbandoned, abandoned_when
+
+    event = threading.Event()
+    with abandoned_when(event), open(tmp_path / "a", "wb") as raw:
+        file = HashingFile(raw)
+        file.write(b"before")
+        event.set()
+        with pytest.raises(WriteAbandoned, match="abandoned"):
+            file.write(b"after")
+    with open(tmp_path / "b", "wb") as raw:
+        HashingFile(raw).write(b"not under the block")
+    assert (tmp_path / "a").read_bytes() == b"before"

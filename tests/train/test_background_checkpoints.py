@@ -1,6 +1,7 @@
 """Checkpoints written by a thread while training goes on (``BackgroundWriter``): the loop does
 not wait for the files, the checkpoint holds the state of its step whatever the loop does next, a
-failed write stops the run in one line. A kill during a write leaves the previous checkpoint to
+failed write stops the run in one line, a run's final checkpoint abandons the write it supersedes.
+A kill during a write leaves the previous checkpoint to
 resume from: ``tests/integration/train/test_faults.py`` (as do two processes writing in the
 background: its 2-process ``fairscale`` runs, killed and resumed)."""
 
@@ -85,6 +86,39 @@ def test_a_failed_write_stops_the_run_in_one_line(writer, monkeypatch, tmp_path)
     assert "writing checkpoint step0000010 failed" in message and "No space left" in message
     assert "resume from checkpoint step0000005" in message and "\n" not in message
     assert [path.name for path in complete_checkpoints(tmp_path / "checkpoints")] == ["step0000005"]
+
+
+def test_the_final_checkpoint_abandons_the_write_it_supersedes(writer, monkeypatch, tmp_path):
+    """A write in flight stops at its next file write once the final checkpoint is saved: its
+    ``.partial-`` directory goes, no failure is raised, the final checkpoint is committed and
+    ``latest``; the checkpoint before stays. Waiting for the write would have taken seconds."""
+    from tango_fairscale.records.manifest import HashingFile
+
+    writer.save(3, wait=True)
+    write, writing = HashingFile.write, threading.Event()
+
+    def slow_write(self, data):  # step 5's writes take 0.2 s each: a large checkpoint
+        if "partial-step0000005" in self._file.name:
+            writing.set()
+            time.sleep(0.2)
+        return write(self, data)
+
+    monkeypatch.setattr(HashingFile, "write", slow_write)
+    writer.save(5)
+    assert writing.wait(30)
+    started = time.perf_counter()
+    writer.save(10, model_only=True, supersede=True, wait=True)
+    assert time.perf_counter() - started < 2.0
+    checkpoints = tmp_path / "checkpoints"
+    assert [path.name for path in complete_checkpoints(checkpoints)] == [
+        "step0000010",
+        "step0000003",
+    ]
+    assert (checkpoints / LATEST).read_text() == "step0000010"
+    assert not any(path.name.startswith(".partial") for path in checkpoints.iterdir())
+    assert len(writer.write_seconds) == 2  # steps 3 and 10: the abandoned one is no write
+    writer.save(11, supersede=True, wait=True)  # nothing in flight: a plain save
+    assert (checkpoints / LATEST).read_text() == "step0000011"
 
 
 def test_a_model_only_checkpoint_holds_no_optimizer_state_and_exports(writer, tmp_path) -> None:

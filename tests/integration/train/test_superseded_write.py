@@ -1,0 +1,43 @@
+"""A run's final checkpoint abandons the background write it supersedes on every rank of a
+2-process ``fairscale`` job (each rank writes its shard): no rank fails, the superseded
+``.partial-`` directory is gone, the final checkpoint is committed and ``latest``, the one before
+stays, and the final save did not wait for the slow write (``train/checkpoints.py``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import engine_config
+from helpers.abandon import supersede_on_ranks
+from tango.common import Lazy, Params
+from tango.integrations.torch import Model, TrainConfig, TrainingEngine
+
+from tango_fairscale.records.checkpoints import LATEST, complete_checkpoints, read_manifest
+from tango_fairscale.train.launch import component_modules
+from tango_fairscale.train.loop import TrainPlan, TrainRuntime
+
+
+@pytest.mark.slow  # two spawned processes
+def test_the_final_checkpoint_abandons_the_write_in_flight_on_every_rank(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    model = Lazy(
+        Model, Params({"type": "tango_fairscale::causal_lm", "model": str(tiny_model_dir)})
+    )
+    engine = Lazy(TrainingEngine, Params(engine_config("tango_fairscale::fairscale")))
+    config = TrainConfig(
+        "abandon", tmp_path / "run", is_distributed=True, devices=[-1, -1], world_size=2, seed=42
+    )
+    plan = TrainPlan(
+        config, model, engine, [], [], 8, TrainRuntime(),
+        component_modules=component_modules(model, engine),
+    )  # fmt: skip
+    seconds = supersede_on_ranks(plan, slow_write_s=0.5)
+    checkpoints = tmp_path / "run" / "checkpoints"
+    assert [p.name for p in complete_checkpoints(checkpoints)] == ["step0000010", "step0000003"]
+    assert (checkpoints / LATEST).read_text() == "step0000010"
+    assert not any(p.name.startswith(".partial") for p in checkpoints.iterdir())
+    assert read_manifest(checkpoints / "step0000010").model_only
+    assert {"rank0.pt", "rank1.pt"} <= {p.name for p in (checkpoints / "step0000010").iterdir()}
+    assert seconds < 5.0  # the step-5 write, 0.5 s a file write, would take far longer
