@@ -31,8 +31,9 @@ are in :mod:`.fairscale` and :mod:`.transformers`, applied where those libraries
   twice or failed (:mod:`.tango_locks`).
 * No ``pkg_resources`` warning before every step, one line per finished progress bar
   (:mod:`.tango_output`).
-* A local run records when its command started, before models were loaded, and a finished
-  ``tango run`` ends without freeing its modules one by one (:mod:`.tango_runs`).
+* A local run records when its command started, before models were loaded; a finished
+  ``tango run`` typed by the user ends without freeing its modules one by one (:mod:`.tango_runs`,
+  applied by ``tango_fairscale/__init__.py``).
 * transformers does not import scikit-learn for assisted generation, which the package never runs
   (:mod:`.transformers`).
 """
@@ -222,7 +223,6 @@ def apply() -> None:
     tango_locks.patch_tango_step_locks()
     tango_output.apply()
     tango_runs.patch_tango_run_start()
-    tango_runs.patch_tango_run_exit()
     patch_tango_step_copies()
     patch_tango_git_metadata()
     patch_tango_unknown_fields()

@@ -8,10 +8,13 @@ run directory also gets ``started.json``: ``{"process_start": <ISO time>}``, whe
 running ``tango run`` started (Linux: from ``/proc``; elsewhere: when this package was imported).
 ``tango-fairscale results`` measures a run's wall time from it.
 
-Once a ``tango run`` has finished (its steps done, its logging torn down by Tango), Python would
-still free every module it imported (torch, transformers, lm-eval: 1.3-2 s on 2 cores, measured
-on an evaluation-only run): the process joins its remaining threads, runs its exit handlers,
-flushes its output and ends there, with status 0 (:func:`exit_now`). A failed run ends as before.
+Once a ``tango run`` that the user typed has finished (its steps done, its logging torn down by
+Tango), Python would still free every module it imported (torch, transformers, lm-eval: 1.3-2 s
+on 2 cores, measured on an evaluation-only run): the process joins its remaining threads, runs its
+exit handlers, flushes its output and ends there, with status 0 (:func:`exit_now`;
+:func:`patch_tango_run_exit` is applied by ``tango_fairscale/__init__.py`` to that process only:
+``tango_fairscale run`` under a launcher still has its other ranks to release after Tango's
+command). A failed run ends as before.
 """
 
 from __future__ import annotations
