@@ -173,6 +173,15 @@ class LocalDocuments:
             return f"{self.files[split]}:{position}"
         return f"split {split!r} document {position}"
 
+    def only(self, splits: Iterable[str]) -> LocalDocuments:
+        """These documents of ``splits`` alone (those it holds)."""
+        kept = [split for split in splits if split in self.splits]
+        return LocalDocuments(
+            {split: self.splits[split] for split in kept},
+            {split: self.positions[split] for split in kept},
+            {split: self.files[split] for split in kept if split in self.files},
+        )
+
     def without(self, problems: Iterable[Problem]) -> LocalDocuments:
         """These documents without the rows of ``problems``."""
         dropped: dict[str, set[int]] = {}
