@@ -264,7 +264,7 @@ def train_in(
     model = Lazy(Model, Params({"type": "tango_fairscale::causal_lm", "model": str(model_dir)}))
     engine_lazy = Lazy(TrainingEngine, Params(engine_config(engine, **engine_params)))
     task = TaskSpec(name="piqa", dataset=dataset_dict)
-    pairs = training_pairs(load_tasks(task)["tasks"]["piqa"], "piqa")
+    pairs = training_pairs(load_tasks(task, training=True)["tasks"]["piqa"], "piqa")
     # The optimizer state kept at the last step too: a later call continues the run.
     runtime = TrainRuntime(eval_batch_size=32, keep_optimizer_state=True, defer_checkpoints=False)
     run_training(TrainPlan(config, model, engine_lazy, pairs, [task], 8, runtime))

@@ -18,7 +18,7 @@ from lm_eval_fixtures import DATA_DIR, FIXTURES, TASKS  # noqa: E402
 
 def requests_and_pairs(task_name: str) -> tuple[list, list]:
     spec = TaskSpec(name=task_name, data_dir=str(FIXTURES / DATA_DIR[task_name]), num_fewshot=2)
-    task = load_tasks(spec)["tasks"][task_name]
+    task = load_tasks(spec, training=True)["tasks"][task_name]
     task.build_all_requests(limit=8, rank=0, world_size=1)
     requests = [(r.doc_id, r.idx, r.arguments) for r in task.instances]
     pairs = training_pairs(task, task_name) if task.has_training_docs() else []

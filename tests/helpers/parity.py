@@ -104,7 +104,7 @@ def build_plan(spec: RunSpec, work_dir: Path, model_dir: Path, dataset: Any) -> 
     params = engine_config(f"tango_fairscale::{spec.engine}", **spec.engine_params)
     engine = Lazy(TrainingEngine, Params(params))
     task = TaskSpec(name="piqa", dataset=dataset)
-    pairs = training_pairs(load_tasks(task)["tasks"]["piqa"], "piqa")
+    pairs = training_pairs(load_tasks(task, training=True)["tasks"]["piqa"], "piqa")
     return TrainPlan(
         config,
         model,

@@ -27,7 +27,7 @@ def packed_batches(piqa_small: Any, tiny_model_dir: Path) -> list[dict[str, torc
     """Packed training micro-batches of 8 PIQA examples, as the loop makes them."""
     model = ModelWrapper(str(tiny_model_dir))
     task = TaskSpec(name="piqa", dataset=piqa_small)
-    pairs = training_pairs(load_tasks(task)["tasks"]["piqa"], "piqa")[:40]
+    pairs = training_pairs(load_tasks(task, training=True)["tasks"]["piqa"], "piqa")[:40]
     queries = encode_pairs(model.tokenizer, pairs, model.max_length)
     return [
         training_batch(queries[i : i + 8], model.pad_token_id, model.max_length, packed=True)

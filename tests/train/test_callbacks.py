@@ -89,7 +89,7 @@ def run(
         config,
         Lazy(Model, Params({"type": "tango_fairscale::causal_lm", "model": str(model_dir)})),
         Lazy(TrainingEngine, Params(engine)),
-        training_pairs(load_tasks(task)["tasks"]["piqa"], "piqa"),
+        training_pairs(load_tasks(task, training=True)["tasks"]["piqa"], "piqa"),
         [task],
         batch_size=8,
         runtime=TrainRuntime(eval_batch_size=32),

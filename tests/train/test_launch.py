@@ -93,7 +93,7 @@ def test_one_device_trains_here_and_returns_the_model(
 ) -> None:
     from tango_fairscale.model.causal_lm import ModelWrapper
 
-    task = load_tasks(TaskSpec(name="piqa", dataset=piqa_small))["tasks"]["piqa"]
+    task = load_tasks(TaskSpec(name="piqa", dataset=piqa_small), training=True)["tasks"]["piqa"]
     pairs = training_pairs(task, "piqa")[:16]
     plan = make_plan(tmp_path / "work", tiny_model_dir, pairs, final_weights_to_file=False)
     state = run_training(plan)

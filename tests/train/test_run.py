@@ -73,7 +73,8 @@ def make_plan(
 @pytest.fixture(scope="module")
 def pairs(piqa_small: Any) -> list[tuple[str, str]]:
     task = TaskSpec(name="piqa", dataset=piqa_small)
-    return training_pairs(load_tasks(task)["tasks"]["piqa"], "piqa")[:24]  # 3 steps an epoch
+    loaded = load_tasks(task, training=True)["tasks"]["piqa"]
+    return training_pairs(loaded, "piqa")[:24]  # 3 steps an epoch
 
 
 @pytest.fixture
