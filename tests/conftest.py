@@ -410,7 +410,8 @@ def piqa_task(examples, split: str = "validation"):
 
     other = "train" if split == "validation" else "validation"
     dataset = DatasetDict(splits={split: list(examples), other: list(examples)[:1]})
-    return load_tasks(TaskSpec(name="piqa", dataset=dataset))["tasks"]["piqa"]
+    spec = TaskSpec(name="piqa", dataset=dataset)
+    return load_tasks(spec, training=split == "train")["tasks"]["piqa"]
 
 
 def choice_queries(examples, tokenizer, max_length: int):

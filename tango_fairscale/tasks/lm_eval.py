@@ -209,10 +209,6 @@ def load_tasks(spec: TaskSpec, *, training: bool = False) -> TaskDict:
     manager, item, documents = _source(spec)
     if documents is not None:
         splits = splits_read(item, _num_fewshot(spec, item.get("num_fewshot")), training)
-        # lm-eval is given the splits the run reads alone: it materialises its few-shot
-        # candidates (PIQA's 16,113 training documents, 1 s on an H200's CPU) even at 0 shots.
-        documents = documents.only(splits)
-        keep_splits(item, splits, spec.label)
         load = functools.partial(_load, manager, spec=spec)
         loaded, skipped = load_local(load, item, documents, splits, spec.label, spec.strict)
         if skipped:

@@ -64,3 +64,17 @@ def test_few_shot_examples_from_the_scored_split_leave_each_document_out() -> No
     listed = {**CONFIG, "test_split": "test", "fewshot_config": {"samples": [{"q": 1}]}}
     keep_splits(listed, ["test"], "t")
     assert "fewshot_split" not in listed  # examples listed in the config: nothing drawn
+
+
+def test_lm_eval_is_given_the_splits_a_run_reads_alone(piqa_small) -> None:
+    """Evaluation reads the scored split (lm-eval would materialise the training split's
+    documents as few-shot candidates at 0 shots too); training adds the training split; the
+    scored documents are the same."""
+    from tango_fairscale.tasks.lm_eval import TaskSpec, load_tasks
+
+    spec = TaskSpec(name="piqa", dataset=piqa_small)
+    evaluated = load_tasks(spec)["tasks"]["piqa"]
+    trained = load_tasks(spec, training=True)["tasks"]["piqa"]
+    assert not evaluated.has_training_docs() and trained.has_training_docs()
+    assert len(list(trained.training_docs())) == len(piqa_small["train"])
+    assert list(evaluated.eval_docs) == list(trained.eval_docs)
