@@ -4,11 +4,11 @@ saves the final step 10's with ``supersede``; rank 0 records how long that final
 
 from __future__ import annotations
 
-import signal
 import time
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
+
+from helpers.ranks import in_group, run_on_ranks
 
 #: Written by rank 0 into the plan's work directory: the final save's seconds.
 SECONDS = "final-save-seconds.txt"
@@ -16,43 +16,21 @@ SECONDS = "final-save-seconds.txt"
 
 def supersede_on_ranks(plan: Any, slow_write_s: float) -> float:
     """Run :func:`_worker` on every rank of ``plan``'s job; the final save's seconds (rank 0)."""
-    from tango_fairscale.runtime.process_group import hosted_store
-    from tango_fairscale.runtime.spawn import run_workers
-
-    config = plan.config
-    config.work_dir.mkdir(parents=True, exist_ok=True)
-    config.distributed_port = 0
-    with hosted_store(config):
-        run_workers(
-            _worker,
-            (plan, slow_write_s),
-            config.world_size,
-            signal.SIGTERM,
-            preload=("tango_fairscale.train.loop", *plan.component_modules),
-        )
-    return float((config.work_dir / SECONDS).read_text())
+    run_on_ranks(plan, _worker, slow_write_s)
+    return float((plan.config.work_dir / SECONDS).read_text())
 
 
 def _worker(rank: int, plan: Any, slow_write_s: float) -> None:
     import threading
 
     from tango_fairscale.records.manifest import HashingFile
-    from tango_fairscale.runtime.process_group import (
-        barrier,
-        join_process_group,
-        leave_process_group,
-        spawned_store,
-    )
+    from tango_fairscale.runtime.process_group import barrier
     from tango_fairscale.train.checkpoints import BackgroundWriter, CheckpointPolicy
     from tango_fairscale.train.loop import build_engine
 
-    config = plan.config
-    config.worker_id = rank
-    timeout = timedelta(seconds=120)
-    join_process_group(config, timeout, spawned_store(config, timeout))
-    try:
+    with in_group(plan, rank, timeout_s=120):
         engine = build_engine(plan)
-        policy = CheckpointPolicy(Path(config.work_dir) / "checkpoints", "run-1")
+        policy = CheckpointPolicy(Path(plan.config.work_dir) / "checkpoints", "run-1")
         writer = BackgroundWriter(engine, policy, 120)
         writer.save(3, wait=True)
         write, writing = HashingFile.write, threading.Event()
@@ -71,7 +49,5 @@ def _worker(rank: int, plan: Any, slow_write_s: float) -> None:
         writer.save(10, model_only=True, supersede=True, wait=True)
         if rank == 0:
             seconds = time.perf_counter() - started
-            (Path(config.work_dir) / SECONDS).write_text(f"{seconds}\n")
-        del engine, writer  # freed while the group lives
-    finally:
-        leave_process_group()
+            (Path(plan.config.work_dir) / SECONDS).write_text(f"{seconds}\n")
+        del engine, writer  # freed while the group lives (helpers/ranks.py)

@@ -11,10 +11,10 @@ directory, which the parent reads back.
 from __future__ import annotations
 
 import json
-import signal
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
+
+from helpers.ranks import in_group, run_on_ranks
 
 
 def evaluate_on_ranks(
@@ -22,23 +22,10 @@ def evaluate_on_ranks(
 ) -> list[dict[str, Any]]:
     """Each rank's ``{"results": [...], "calls": int}``, by rank (``packed``: scoring batches
     packed)."""
-    from tango_fairscale.runtime.process_group import hosted_store
-    from tango_fairscale.runtime.spawn import run_workers
-
-    config = plan.config
-    config.work_dir.mkdir(parents=True, exist_ok=True)
-    config.distributed_port = 0
-    with hosted_store(config):
-        run_workers(
-            _worker,
-            (plan, specs, batch_size, packed),
-            config.world_size,
-            signal.SIGTERM,
-            preload=("tango_fairscale.train.loop", *plan.component_modules),
-        )
+    run_on_ranks(plan, _worker, specs, batch_size, packed)
     return [
-        json.loads((config.work_dir / f"rank{rank}.json").read_text())
-        for rank in range(config.world_size)
+        json.loads((plan.config.work_dir / f"rank{rank}.json").read_text())
+        for rank in range(plan.config.world_size)
     ]
 
 
@@ -47,19 +34,10 @@ def _worker(rank: int, plan: Any, specs: list[Any], batch_size: int, packed: boo
 
     from tango_fairscale.evaluation.call import EvalOptions, ModelCall
     from tango_fairscale.evaluation.evaluator import Evaluator
-    from tango_fairscale.runtime.process_group import (
-        join_process_group,
-        leave_process_group,
-        spawned_store,
-    )
     from tango_fairscale.train.loop import build_engine
 
-    config = plan.config
-    config.worker_id = rank
-    timeout = timedelta(seconds=300)
-    join_process_group(config, timeout, spawned_store(config, timeout))
-    try:
-        torch.manual_seed(config.seed)
+    with in_group(plan, rank):
+        torch.manual_seed(plan.config.seed)
         engine = build_engine(plan)
         engine.model.eval()
         call = ModelCall.of_engine(engine)
@@ -74,10 +52,6 @@ def _worker(rank: int, plan: Any, specs: list[Any], batch_size: int, packed: boo
         options = EvalOptions(batch_size=batch_size, packed=packed, progress=False)
         evaluator = Evaluator(call, options)
         results = [evaluator.evaluate(spec) for spec in specs]
-        path = Path(config.work_dir) / f"rank{rank}.json"
+        path = Path(plan.config.work_dir) / f"rank{rank}.json"
         path.write_text(json.dumps({"results": results, "calls": calls}))
-        # Freed while the group lives, as the training loop frees its engine: a DDP reducer
-        # freed after the group is destroyed was seen to hang in gloo's destructor.
-        del engine, call, evaluator, counted
-    finally:
-        leave_process_group()
+        del engine, call, evaluator, counted  # freed while the group lives (helpers/ranks.py)
