@@ -179,21 +179,33 @@ def patch_tango_registry_search() -> None:
     registrable.import_module_and_submodules = import_module_and_submodules  # type: ignore[assignment]
 
 
+def registered_engine(engine: Any) -> tuple[type, dict[str, Any]] | None:
+    """The registered ``TrainingEngine`` class that ``engine``, a config not yet built (a
+    ``Lazy``), names, with that config as written; ``None`` for a name no engine is registered
+    under (refused where the engine is built) or anything that is no such config."""
+    from tango.common.exceptions import ConfigurationError
+    from tango.integrations.torch import TrainingEngine
+
+    params: Any = getattr(engine, "_params", None)  # the config as written: Lazy has no view
+    fields = params.as_dict(quiet=True) if hasattr(params, "as_dict") else None
+    if not isinstance(fields, dict) or not isinstance(fields.get("type"), str):
+        return None
+    name = fields["type"]
+    try:
+        return TrainingEngine.resolve_class_name(name)[0], fields
+    except ConfigurationError:
+        return None
+
+
 def check_engine_config(engine: Any, world_size: int) -> None:
     """The ``check_config(fields, world_size)`` of the engine class that ``engine``, a config not
     yet built (a ``Lazy``), names, where it has one (the package's engines:
     :meth:`~tango_fairscale.parallel.engine.Engine.check_config`); anything else is left to its
     own construction."""
-    from tango.integrations.torch import TrainingEngine
-
-    params: Any = getattr(engine, "_params", None)  # the config as written: Lazy has no view
-    fields = params.as_dict(quiet=True) if hasattr(params, "as_dict") else None
-    name = fields.get("type") if isinstance(fields, dict) else None
-    if not isinstance(name, str) or name not in TrainingEngine.list_available():
-        return
-    check = getattr(TrainingEngine.resolve_class_name(name)[0], "check_config", None)
-    if check is not None:
-        check(fields, world_size)
+    found = registered_engine(engine)
+    check = getattr(found[0], "check_config", None) if found is not None else None
+    if found is not None and check is not None:
+        check(found[1], world_size)
 
 
 def patch_torch_train_engine_check() -> None:

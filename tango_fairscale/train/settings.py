@@ -12,6 +12,7 @@ from tango.common.exceptions import ConfigurationError
 from tango.integrations.torch import Model, TrainCallback, TrainConfig, TrainingEngine
 
 from ..checks import integer, positive_int, positive_ints
+from ..compat import registered_engine
 from ..data.schedules import BatchSchedule
 from ..evaluation.call import GenerationSettings
 from ..runtime.devices import job_devices
@@ -140,13 +141,9 @@ def training_data(
 def refuse_generation(engine: Lazy[TrainingEngine], loaded: dict) -> None:
     """Refuse a validation task that generates text under an engine that cannot generate."""
     generating = [n for n, t in loaded["tasks"].items() if t.OUTPUT_TYPE == "generate_until"]
-    name = engine._params.get("type")
-    if not generating or not isinstance(name, str):
+    found = registered_engine(engine)  # an unknown engine is refused where it is built
+    if not generating or found is None:
         return
-    try:
-        engine_class = TrainingEngine.resolve_class_name(name)[0]
-    except ConfigurationError:  # an unknown engine is refused where it is built
-        return
-    refusal = getattr(engine_class, "generation_refusal", None)
+    refusal = getattr(found[0], "generation_refusal", None)
     if refusal is not None:
         raise ConfigurationError(f"validation task {generating[0]!r}: {refusal}")

@@ -35,16 +35,8 @@ from .settings import TrainComponents, TrainSettings, training_data
 
 logger = logging.getLogger(__name__)
 
-#: The ``run`` arguments that make :class:`~.settings.TrainSettings`.
-_SETTINGS = (
-    "train_steps",
-    "batch_size",
-    "grad_accum",
-    "seed",
-    "validate_every",
-    "max_gen_toks",
-    "generation_seed",
-)
+#: The ``run`` arguments that make :class:`~.settings.TrainSettings` (its ``of``'s, by name).
+_SETTINGS = tuple(inspect.signature(TrainSettings.of).parameters)
 
 
 @Step.register("tango_fairscale::train")
