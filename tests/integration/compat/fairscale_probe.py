@@ -91,9 +91,10 @@ def worker(rank: int, world_size: int, port: int, case: str, fixes: list[str]) -
     try:
         run_case(case, fixes)
     except Exception as error:
-        if rank == 0:
-            traceback.print_exc()
-            print(f"{type(error).__name__}: {error}", file=sys.stderr)
+        # Every rank prints: the first rank to fail makes the launcher terminate the others,
+        # rank 0 perhaps before it had printed.
+        traceback.print_exc()
+        print(f"{type(error).__name__}: {error}", file=sys.stderr, flush=True)
         os._exit(1)
     dist.destroy_process_group()
 
