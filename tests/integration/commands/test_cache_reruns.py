@@ -142,8 +142,8 @@ def rerun_after_labels_flipped_gives_the_new_metrics(
     config: str, workspace: Path, defines: dict[str, str], steps: set[str]
 ) -> None:
     """After run ``before``: the first 8 validation labels flipped in place (the same path, the
-    same file names), the same command runs every step again and gives the new metrics; once
-    more, it starts no step."""
+    same file names), the same command runs every step again and gives the new metrics. (That a
+    rerun in another process starts no step is the first rerun's check.)"""
     from tango import Workspace
 
     flip_labels(Path(defines["data_dir"]) / "valid-labels.lst", 8)
@@ -153,7 +153,6 @@ def rerun_after_labels_flipped_gives_the_new_metrics(
     assert after["num_examples"] == before["num_examples"] == 8
     for metric in ("acc", "acc_norm"):  # two choices: every answer is now wrong or right
         assert after[metric] == pytest.approx(1 - before[metric]), (before, after)
-    assert started(tango_run(config, workspace, defines, "5")) == set()
 
 
 @pytest.mark.slow
