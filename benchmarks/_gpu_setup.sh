@@ -68,5 +68,7 @@ print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch
 EOF
   SITE=$($PY -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')
   $PY -m compileall -q -j 0 "$SITE" /tmp/site "$PWD/tango_fairscale" >/dev/null 2>&1
-  echo "== setup done after $(elapsed) s (bytecode compiled into $PYTHONPYCACHEPREFIX)"
+  # As scripts/setup.sh does for a user: lm-eval's task index built once, at installation.
+  $PY -c "from tango_fairscale.tasks.builtin import builtin_index; builtin_index()" >>"$LOG" 2>&1
+  echo "== setup done after $(elapsed) s (bytecode compiled into $PYTHONPYCACHEPREFIX, lm-eval's task index built)"
 fi

@@ -2,8 +2,9 @@
 random GPT-2 124M and the official PIQA files, with every default and with the peer settings
 (``-D engine=ddp -D precision=32-true``), each in a fresh workspace, in one call. A variant named
 twice (``--variants default,ddp-fp32,default``) runs again as ``"<name> (again)"``: the first
-command on a fresh machine also builds lm-eval's task index and Inductor's and CUDA's caches,
-which every later command finds; the step speed-up compares the repeated default with the peer.
+command on a fresh machine also builds Inductor's and CUDA's caches and reads cold files, which
+every later command finds (lm-eval's task index is built at setup, as ``scripts/setup.sh`` does);
+the step speed-up compares the repeated default with the peer.
 
 Per command: wall time; the time split — before the training step starts (imports, config, Tango
 hashing the steps), the run's own split (``time split:`` of the training step: setup, first
