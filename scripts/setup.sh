@@ -7,11 +7,12 @@ python3 -m venv .venv
 # torch first, pinned, so that nothing pulls a newer (multi-GB CUDA) build.
 .venv/bin/python -m pip install -q --no-compile -c constraints.txt torch
 .venv/bin/python -m pip install -q --no-compile -c constraints.txt -e '.[dev]'
-# Bytecode for everything installed but the libraries' own test folders, on every core (pip
-# compiles every file, one at a time: about 20 s more on two cores). -qq and no status check: a few
-# third-party files are written for newer Pythons and do not compile (pip skips them the same
-# way); they are never imported.
-.venv/bin/python -m compileall -qq -j 0 -x '/tests?/' .venv/lib/python*/site-packages || true
+# Bytecode for everything installed but the libraries' own test folders, this package included
+# (installed editable), on every core (pip compiles every file, one at a time: about 20 s more on
+# two cores). -qq and no status check: a few third-party files are written for newer Pythons and
+# do not compile (pip skips them the same way); they are never imported.
+.venv/bin/python -m compileall -qq -j 0 -x '/tests?/' .venv/lib/python*/site-packages \
+  tango_fairscale || true
 # lm-eval's index of its tasks (~14,000 YAML files parsed, 7 s on two cores) is kept in a cache
 # file per installation: built here once instead of by the first command that names a task.
 .venv/bin/python -c "from tango_fairscale.tasks.builtin import builtin_index; builtin_index()"

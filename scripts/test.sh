@@ -20,6 +20,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check tango_fairscale tests benchmarks
+# The tests' own bytecode (conftest and helpers are imported by every process a test starts),
+# for environments that set PYTHONDONTWRITEBYTECODE.
+.venv/bin/python -m compileall -q tests > /dev/null
 
 export OMP_NUM_THREADS=1
 package=(tests/parallel tests/train tests/model tests/evaluation tests/compat)
