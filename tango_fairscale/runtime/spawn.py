@@ -59,8 +59,10 @@ def run_workers(
     def alive() -> list[int]:
         return [p.pid for p in context.processes if p.is_alive() and p.pid is not None]
 
+    exits: dict[int, int] = {}
     try:
         with forwarded_to(stop_signals(forward), alive):
+            exits = exits_at_first_failure(context.processes)
             while not context.join(grace_period=5):
                 pass
     except mp.ProcessExitedException as error:
@@ -69,9 +71,40 @@ def run_workers(
             f"({error.signal_name or error.exit_code}); the others were stopped"
         ) from None
     except mp.ProcessRaisedException as error:
+        killed = killed_worker(exits)
+        if killed is not None:  # its peers' errors (a closed connection) follow from its death
+            raise WorkerFailed(killed) from error
         # Chained: the worker's traceback (the error's text) stays in the run's log.
         last = [line for line in str(error).splitlines() if line.strip()][-1]
         raise WorkerFailed(f"training process {error.error_index} failed: {last}") from error
+
+
+def exits_at_first_failure(processes: Sequence[Any]) -> dict[int, int]:
+    """Wait until every worker has exited or one has failed; the exit codes of those that had
+    exited then. Taken before torch's ``join`` stops the others (its own kills would read as
+    deaths), and because ``join`` names the first failure it finds, not the first to happen: a
+    worker killed mid-collective and a peer raising on the closed connection both look failed
+    by the time a busy launcher looks."""
+    import multiprocessing.connection
+
+    while True:
+        running = [process for process in processes if process.exitcode is None]
+        exits = {i: p.exitcode for i, p in enumerate(processes) if p.exitcode is not None}
+        if not running or any(code != 0 for code in exits.values()):
+            return exits
+        multiprocessing.connection.wait([process.sentinel for process in running])
+
+
+def killed_worker(exits: Mapping[int, int]) -> str | None:
+    """The one-line failure of the first worker in ``exits`` that a signal killed, if any."""
+    for rank, code in sorted(exits.items()):
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            return f"training process {rank} died ({name}); the others were stopped"
+    return None
 
 
 def _entry(
