@@ -66,10 +66,7 @@ def run_workers(
             while not context.join(grace_period=5):
                 pass
     except mp.ProcessExitedException as error:
-        raise WorkerFailed(
-            f"training process {error.error_index} died "
-            f"({error.signal_name or error.exit_code}); the others were stopped"
-        ) from None
+        raise WorkerFailed(_died(error.error_index, error.signal_name or error.exit_code)) from None
     except mp.ProcessRaisedException as error:
         killed = killed_worker(exits)
         if killed is not None:  # its peers' errors (a closed connection) follow from its death
@@ -88,11 +85,12 @@ def exits_at_first_failure(processes: Sequence[Any]) -> dict[int, int]:
     import multiprocessing.connection
 
     while True:
-        running = [process for process in processes if process.exitcode is None]
-        exits = {i: p.exitcode for i, p in enumerate(processes) if p.exitcode is not None}
-        if not running or any(code != 0 for code in exits.values()):
+        codes = [process.exitcode for process in processes]  # each read once: it polls
+        exits = {rank: code for rank, code in enumerate(codes) if code is not None}
+        if len(exits) == len(processes) or any(code != 0 for code in exits.values()):
             return exits
-        multiprocessing.connection.wait([process.sentinel for process in running])
+        running = [p.sentinel for p, code in zip(processes, codes, strict=True) if code is None]
+        multiprocessing.connection.wait(running)
 
 
 def killed_worker(exits: Mapping[int, int]) -> str | None:
@@ -103,8 +101,13 @@ def killed_worker(exits: Mapping[int, int]) -> str | None:
                 name = signal.Signals(-code).name
             except ValueError:
                 name = f"signal {-code}"
-            return f"training process {rank} died ({name}); the others were stopped"
+            return _died(rank, name)
     return None
+
+
+def _died(rank: int, cause: object) -> str:
+    """:class:`WorkerFailed`'s message for a worker that exited without raising."""
+    return f"training process {rank} died ({cause}); the others were stopped"
 
 
 def _entry(

@@ -122,9 +122,6 @@ def test_gpt2_piqa_reruns_start_no_step_until_the_model_changes(
         "data_dir": str(data_dir),
         "train_steps": "0",
         "limit": "8",
-        "engine": "ddp",
-        "batch_size": "4",
-        "validate_every": "2",
     }
     config, workspace = "configs/gpt2_piqa.jsonnet", tmp_path / "workspace"
     steps = {"piqa", "requests", "predictions", "metrics"}
