@@ -6,8 +6,9 @@ The layouts are :class:`~.rank_files.RankFiles` (``ddp``, ``pipe``, ``fairscale`
 that reads a checkpoint (:mod:`tango_fairscale.records.checkpoints`).
 
 Saving is :meth:`CheckpointFormat.take` (this rank's state, on the calling thread) then
-:meth:`CheckpointFormat.write` (its files and their records), which a format without collectives
-in its writes (``background``) lets a thread run on a host copy of what ``take`` returned.
+:meth:`CheckpointFormat.write` (its files and their records), which a thread may run on a host
+copy of what ``take`` returned; a format whose writes run collectives (``collective_writes``) then
+runs them on a process group of the thread's own.
 """
 
 from __future__ import annotations
@@ -68,9 +69,10 @@ class CheckpointFormat(ABC):
 
     #: The name a manifest records, by which export finds the format.
     name: ClassVar[str]
-    #: Whether :meth:`write` runs no collective, so that a thread may run it while training
-    #: goes on (:class:`~tango_fairscale.train.checkpoints.BackgroundWriter`).
-    background: ClassVar[bool] = False
+    #: Whether :meth:`write` runs collectives: a thread that writes while training goes on
+    #: (:class:`~tango_fairscale.train.checkpoints.BackgroundWriter`) gives it a group of its
+    #: own, so that they never interleave with the loop's.
+    collective_writes: ClassVar[bool] = False
 
     # --- saving: every rank -----------------------------------------------------------------------
 
@@ -121,9 +123,12 @@ class CheckpointFormat(ABC):
         to host memory first)."""
 
     @abstractmethod
-    def write(self, snapshot: Any, directory: Path, rank: int) -> dict[str, FileRecord]:
+    def write(
+        self, snapshot: Any, directory: Path, rank: int, group: Any = None
+    ) -> dict[str, FileRecord]:
         """Write ``snapshot`` (from :meth:`take`) into ``directory``: this rank's files, each with
-        its record (size and digest, computed while writing)."""
+        its record (size and digest, computed while writing); the collectives of a format with
+        ``collective_writes`` run on ``group`` (``None``: the job's)."""
 
     # --- verifying ------------------------------------------------------------------------------
 

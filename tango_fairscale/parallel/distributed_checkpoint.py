@@ -65,6 +65,7 @@ class DistributedCheckpoint(CheckpointFormat):
     """``torch.distributed.checkpoint`` directories: any number of processes loads them."""
 
     name = "torch-dcp"
+    collective_writes = True  # DCP's save exchanges its plans between the ranks
 
     def take(
         self,
@@ -87,8 +88,10 @@ class DistributedCheckpoint(CheckpointFormat):
         )
         return Snapshot(state, trainer, identity)
 
-    def write(self, snapshot: Any, directory: Path, rank: int) -> dict[str, FileRecord]:
-        records = _save(snapshot.state, directory, snapshot.identity)
+    def write(
+        self, snapshot: Any, directory: Path, rank: int, group: Any = None
+    ) -> dict[str, FileRecord]:
+        records = _save(snapshot.state, directory, snapshot.identity, group=group)
         if snapshot.trainer is not None:
             trainer_file = directory / TRAINER_STATE
             records[TRAINER_STATE] = write_file(trainer_file, torch_saving(snapshot.trainer))
@@ -155,13 +158,18 @@ class DistributedCheckpoint(CheckpointFormat):
 
 
 def _save(
-    state: dict[str, Any], directory: Path, identity: Identity, no_dist: bool = False
+    state: dict[str, Any],
+    directory: Path,
+    identity: Identity,
+    no_dist: bool = False,
+    group: Any = None,
 ) -> dict[str, FileRecord]:
-    """``dcp.save`` of ``state`` into ``directory``, its metadata carrying ``identity``; the
-    records of the files written. A failed write raises ``OSError``."""
+    """``dcp.save`` of ``state`` into ``directory``, its metadata carrying ``identity``, its
+    collectives on ``group`` (``None``: the job's); the records of the files written. A failed
+    write raises ``OSError``."""
     writer = _HashingWriter(directory, identity)
     try:
-        dcp.save(state, storage_writer=writer, no_dist=no_dist)
+        dcp.save(state, storage_writer=writer, process_group=group, no_dist=no_dist)
     except CheckpointException as error:  # a BaseException, every rank's failures
         _, (cause, _trace) = min(error.failures.items())
         raise (cause if isinstance(cause, OSError) else OSError(reason(cause))) from None

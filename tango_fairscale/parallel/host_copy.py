@@ -14,7 +14,9 @@ import torch
 class HostCopier:
     """Copies nested state (dicts, lists, tuples of tensors and plain data) into host memory,
     reusing its pinned buffers from one copy to the next. Tensors that share storage (tied
-    weights) stay shared in the copy."""
+    weights) stay shared in the copy. A ``DTensor`` (FSDP2's shards) is copied as its local
+    shard, wrapped in the same layout (as DCP's own staging does), so that DCP saves the copy as
+    it would the original."""
 
     def __init__(self) -> None:
         self._buffers: dict[tuple, torch.Tensor] = {}
@@ -44,6 +46,11 @@ class HostCopier:
         return copy.deepcopy(value)
 
     def _tensor(self, tensor: torch.Tensor, path: tuple) -> torch.Tensor:
+        from torch.distributed.tensor import DTensor
+
+        if isinstance(tensor, DTensor):
+            local = self._tensor(tensor.to_local(), path)
+            return DTensor(local, tensor._spec, requires_grad=False)
         alias = (tensor.device, tensor.data_ptr(), tensor.dtype, tensor.shape, tensor.stride())
         if tensor.numel() and alias in self._memo:  # a tied weight: one copy, shared
             return self._memo[alias]

@@ -46,7 +46,6 @@ class RankFiles(CheckpointFormat):
     ``reshards``: a checkpoint loads on another number of processes."""
 
     name = "rank-files"
-    background = True
 
     def __init__(self, sharded: bool = False, reshards: bool = True) -> None:
         self.sharded, self.reshards = sharded, reshards
@@ -69,7 +68,9 @@ class RankFiles(CheckpointFormat):
             "checkpoint": identity.as_dict(),
         }
 
-    def write(self, snapshot: Any, directory: Path, rank: int) -> dict[str, FileRecord]:
+    def write(
+        self, snapshot: Any, directory: Path, rank: int, group: Any = None
+    ) -> dict[str, FileRecord]:
         if snapshot is None:
             return {}
         name = rank_file(rank)

@@ -3,8 +3,7 @@ files match its manifest (the directory protocol: :mod:`tango_fairscale.records.
 
 Each rank writes its part through the engine's checkpoint format (a shard, or nothing for a
 replica); rank 0 writes the manifest, renames the directory into place and prunes old ones.
-:class:`BackgroundWriter` does the same on a thread while training goes on, for the formats whose
-writes need no collective (rank files: ``ddp``, ``fairscale``, ``pipe``).
+:class:`BackgroundWriter` does the same on a thread while training goes on, for every format.
 """
 
 from __future__ import annotations
@@ -14,10 +13,12 @@ import shutil
 import threading
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from tango.common.exceptions import ConfigurationError
 
 from ..parallel.checkpoint_format import save_model_files
@@ -98,22 +99,27 @@ def save_checkpoint(
 class BackgroundWriter:
     """A run's checkpoints written by a thread while training goes on, at most one in flight.
 
-    :meth:`save` waits for the previous checkpoint, copies this rank's state to host memory
-    (queued on the GPU: the loop does not wait for it) and starts a thread that writes its files
-    into ``.partial-stepN``. Every rank's thread then leaves its file records beside them; rank
-    0's thread waits for every rank's, writes the manifest and commits (rename, ``latest``,
-    pruning), with no collective: the loop's own collectives go on undisturbed. A kill at any
-    moment leaves ``.partial-`` files that are never read. A failed write is raised on the rank
-    that failed at its next :meth:`check` or :meth:`save` (rank 0 too: it waits for the records),
-    as :class:`TrainingStopped`. A run's final checkpoint supersedes the write in flight: that one
-    is abandoned at its next file write and its ``.partial-`` directory removed, instead of
-    waited for (``supersede``). Formats whose writes are collective save synchronously."""
+    :meth:`save` waits for the previous checkpoint, copies this rank's state to host memory (queued
+    on the GPU: the loop does not wait for it) and starts a thread that writes its files into
+    ``.partial-stepN``. Every rank's thread then leaves its file records beside them; rank 0's
+    thread waits for every rank's, writes the manifest and commits (rename, ``latest``, pruning),
+    with no collective of the job's: the loop's own collectives go on undisturbed. A kill at any
+    moment leaves ``.partial-`` files that are never read. A failed write is raised on the rank that
+    failed at its next :meth:`check` or :meth:`save` (rank 0 too: it waits for the records), as
+    :class:`TrainingStopped`. A run's final checkpoint supersedes the write in flight: that one is
+    abandoned at its next file write and its ``.partial-`` directory removed, instead of waited for
+    (``supersede``). A format whose writes run collectives (DCP's plan exchange) runs them on a gloo
+    group of the writer's own, made on every rank here, with the job's collective timeout
+    ``timeout_s``."""
 
     def __init__(self, engine: Engine, policy: CheckpointPolicy, timeout_s: float) -> None:
         self.engine, self.policy, self.timeout_s = engine, policy, timeout_s
         self.rank = engine.train_config.worker_id
         self.world_size = engine.train_config.world_size
         self.copier = HostCopier()
+        self.group = None
+        if engine.checkpoint_format.collective_writes and dist.is_initialized():
+            self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
         self.thread: threading.Thread | None = None
         self.failure: tuple[int, str] | None = None
         self.abandoning = threading.Event()  # set: the write in flight stops at its next write
@@ -138,9 +144,6 @@ class BackgroundWriter:
             self.abandon()
         self.wait()
         engine, fmt = self.engine, self.engine.checkpoint_format
-        if not fmt.background:
-            save_checkpoint(engine, self.policy, step, self.rank == 0, extra, model_only)
-            return
         client_state = {**(extra or {}), "step": step, "rng": torch.get_rng_state()}
         identity = Identity(self.policy.run_id, step, self.world_size)
         state = fmt.take(engine, client_state, identity, model_only)
@@ -215,7 +218,7 @@ class BackgroundWriter:
                 ready.synchronize()
             partial.mkdir(parents=True, exist_ok=True)
             with abandoned_when(self.abandoning):
-                records = fmt.write(snapshot, partial, self.rank)
+                records = fmt.write(snapshot, partial, self.rank, self.group)
             if self.rank == 0:
                 records.update(save_model_files(self.engine.wrapped_model, partial))
                 files = {**records, **self._other_ranks_records(partial, identity)}

@@ -120,7 +120,7 @@ def test_a_file_of_another_checkpoint_is_named(name, file, saved, tmp_path, tiny
 def test_a_failed_write_leaves_no_manifest(saved, tmp_path, tiny_model_dir, monkeypatch) -> None:
     import errno
 
-    def full_disk(self, snapshot, directory, rank):
+    def full_disk(self, snapshot, directory, rank, group=None):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(RankFiles, "write", full_disk)

@@ -43,10 +43,10 @@ def test_the_loop_goes_on_while_the_files_are_written(
     release, started = threading.Event(), threading.Event()
     write = RankFiles.write
 
-    def held_write(self, snapshot, directory, rank):
+    def held_write(self, snapshot, directory, rank, group=None):
         started.set()
         assert release.wait(30)
-        return write(self, snapshot, directory, rank)
+        return write(self, snapshot, directory, rank, group)
 
     monkeypatch.setattr(RankFiles, "write", held_write)
     engine = writer.engine
@@ -75,7 +75,7 @@ def test_a_failed_write_stops_the_run_in_one_line(writer, monkeypatch, tmp_path)
 
     writer.save(5, wait=True)
 
-    def full_disk(self, snapshot, directory, rank):
+    def full_disk(self, snapshot, directory, rank, group=None):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(RankFiles, "write", full_disk)

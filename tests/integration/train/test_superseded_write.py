@@ -1,5 +1,6 @@
 """A run's final checkpoint abandons the background write it supersedes on every rank of a
-2-process ``fairscale`` job (each rank writes its shard): no rank fails, the superseded
+2-process ``fairscale`` job (each rank writes its shard) and of a 2-process ``fsdp2`` one (DCP,
+whose writes exchange their plans on the writer's own group): no rank fails, the superseded
 ``.partial-`` directory is gone, the final checkpoint is committed and ``latest``, the one before
 stays, and the final save did not wait for the slow write (``train/checkpoints.py``)."""
 
@@ -18,14 +19,22 @@ from tango_fairscale.train.launch import component_modules
 from tango_fairscale.train.loop import TrainPlan, TrainRuntime
 
 
+#: Each engine's files of a rank: rank 0's and rank 1's.
+RANK_FILES = {
+    "fairscale": {"rank0.pt", "rank1.pt"},
+    "fsdp2": {"__0_0.distcp", "__1_0.distcp"},
+}
+
+
 @pytest.mark.slow  # two spawned processes
+@pytest.mark.parametrize("engine_name", sorted(RANK_FILES))
 def test_the_final_checkpoint_abandons_the_write_in_flight_on_every_rank(
-    tmp_path: Path, tiny_model_dir: Path
+    tmp_path: Path, tiny_model_dir: Path, engine_name: str
 ) -> None:
     model = Lazy(
         Model, Params({"type": "tango_fairscale::causal_lm", "model": str(tiny_model_dir)})
     )
-    engine = Lazy(TrainingEngine, Params(engine_config("tango_fairscale::fairscale")))
+    engine = Lazy(TrainingEngine, Params(engine_config(f"tango_fairscale::{engine_name}")))
     config = TrainConfig(
         "abandon", tmp_path / "run", is_distributed=True, devices=[-1, -1], world_size=2, seed=42
     )
@@ -39,5 +48,5 @@ def test_the_final_checkpoint_abandons_the_write_in_flight_on_every_rank(
     assert (checkpoints / LATEST).read_text() == "step0000010"
     assert not any(p.name.startswith(".partial") for p in checkpoints.iterdir())
     assert read_manifest(checkpoints / "step0000010").model_only
-    assert {"rank0.pt", "rank1.pt"} <= {p.name for p in (checkpoints / "step0000010").iterdir()}
+    assert RANK_FILES[engine_name] <= {p.name for p in (checkpoints / "step0000010").iterdir()}
     assert seconds < 5.0  # the step-5 write, 0.5 s a file write, would take far longer
