@@ -20,7 +20,7 @@
 # benchmarks/index.py read these lines:
 #@ main-job | 1 | 330 | the README's main job as a user runs it (random 124M, official PIQA): every default (the machine's first command), engine=ddp precision=32-true, every default again; wall time, time split, GPU busy share, step time
 #@ profile-main-job | 1 | 300 | where the main job's host time goes: the command (300 steps) under cProfile, then the default and DDP fp32 steps under torch.profiler
-#@ checkpoint-1.5b | 1 | 300 | a checkpoint's visible cost in the loop against its background write time, GPT-2 1.5B (the main job's command, 150 steps)
+#@ checkpoint-1.5b | 1 | 380 | a checkpoint's visible cost in the loop against its background write time, GPT-2 1.5B (the main job's command, 150 steps): the default engine's rank files, then fsdp2's DCP
 #@ tests | 1 | 120 | GPU-only tests pass (compiled loss, packed batches on a GPU, fp16 overflow in every engine)
 #@ e2e | 1 | 330 | the whole flow: tango run configs/gpt2_piqa.jsonnet with every engine on the visible GPUs (pipe on a Llama shape), and a command's fixed cost
 #@ train-synthetic-124m | 1 | 240 | MFU >= 30 % at GPT-2 124M; sharded engines >= 1.3x ddp bf16 autocast (124M)
@@ -134,7 +134,8 @@ suite_checkpoint_1_5b() {  # main_job.json: checkpoint_writes (count, written_s,
   local steps=150
   [ ${#TINY[@]} -gt 0 ] && steps=20
   step "$BUDGET" "$PY" benchmarks/main_job.py "${TINY[@]}" --shape 1.5b --piqa "$PIQA" \
-    --tokenizer "$TOK" --train-steps "$steps" --variants default --timeout-s $(( BUDGET - 10 )) \
+    --tokenizer "$TOK" --train-steps "$steps" --variants default,fsdp2 \
+    --timeout-s $(( BUDGET / 2 - 10 )) \
     --out "$DIR/main_job_1.5b.json"
   [ "$DRY_RUN" = 1 ] || grep '^{' "$DIR/log.txt" | tee -a "$LOG"
 }

@@ -1,6 +1,7 @@
 """The README's main job measured as a user runs it: ``tango run configs/gpt2_piqa.jsonnet`` on a
 random GPT-2 124M and the official PIQA files, with every default and with the peer settings
-(``-D engine=ddp -D precision=32-true``), each in a fresh workspace, in one call. A variant named
+(``-D engine=ddp -D precision=32-true``; ``fsdp2``: ``-D engine=fsdp2``, whose checkpoints are
+DCP's), each in a fresh workspace, in one call. A variant named
 twice (``--variants default,ddp-fp32,default``) runs again as ``"<name> (again)"``: the first
 command on a fresh machine also builds Inductor's and CUDA's caches and reads cold files, which
 every later command finds (lm-eval's task index is built at setup, as ``scripts/setup.sh`` does);
@@ -35,7 +36,11 @@ import _bench  # noqa: E402
 
 _bench.setup_paths()
 
-VARIANTS = {"default": [], "ddp-fp32": ["-D", "engine=ddp", "-D", "precision=32-true"]}
+VARIANTS = {
+    "default": [],
+    "ddp-fp32": ["-D", "engine=ddp", "-D", "precision=32-true"],
+    "fsdp2": ["-D", "engine=fsdp2"],
+}
 
 
 class Sampler(threading.Thread):
