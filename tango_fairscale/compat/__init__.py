@@ -155,6 +155,11 @@ def patch_tango_unknown_fields() -> None:
 
 
 def patch_tango_registry_search() -> None:
+    """Tango looks for a name no module has registered in each of its integrations; one that
+    fails to import is skipped as missing (``IntegrationMissingError``), whatever it raises: an
+    installed library of another version breaks an integration in any way (seen: a jax whose
+    ``jax.random`` has no ``PRNGKeyArray`` made Tango's flax integration raise
+    ``AttributeError``, and a config naming Tango's own ``torch::naive`` engine failed)."""
     import tango.common.registrable as registrable
     from tango.common.exceptions import IntegrationMissingError
 
@@ -169,7 +174,7 @@ def patch_tango_registry_search() -> None:
             raise IntegrationMissingError(module.rsplit(".", 1)[-1])
         try:
             original(module, *args, **kwargs)
-        except ImportError as error:
+        except Exception as error:  # noqa: BLE001 - see the docstring
             if not module.startswith("tango.integrations."):
                 raise
             broken.add(module)

@@ -18,7 +18,6 @@ from tango_fairscale.records.checkpoints import LATEST, complete_checkpoints, re
 from tango_fairscale.train.launch import component_modules
 from tango_fairscale.train.loop import TrainPlan, TrainRuntime
 
-
 #: Each engine's files of a rank: rank 0's and rank 1's.
 RANK_FILES = {
     "fairscale": {"rank0.pt", "rank1.pt"},
