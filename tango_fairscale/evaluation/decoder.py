@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import StaticCache
 
 from ..data.prompts import StopSequences
 from ..model.decoding import EXPLICIT_MASKS, explicit_mask, keep_rows, new_cache
@@ -38,6 +37,10 @@ class _Batch:
     logits of their next token."""
 
     def __init__(self, call: ModelCall, rows: list[Row], max_gen_toks: int) -> None:
+        # Imported here, as in .decoding: transformers' imports would otherwise be paid by every
+        # ``tango run``, even one that decodes nothing.
+        from transformers import StaticCache
+
         device = call.device
         width = max(len(row.prompt) for row in rows)
         pad = call.model.pad_token_id

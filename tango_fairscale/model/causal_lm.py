@@ -5,7 +5,7 @@ Tango's cache by how it was made and the fingerprint of its files (never by pick
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tango.common.det_hash import CustomDetHash
@@ -13,10 +13,6 @@ from tango.common.exceptions import ConfigurationError
 from tango.integrations.torch import Model
 
 from .. import compat  # noqa: F401  (the fixes; transformers' before it is imported)
-
-# isort: split
-from transformers import PreTrainedModel
-
 from ..compat.transformers import unpacked_sequences
 from ..data.batches import collate, packed_batch
 from ..data.queries import Query
@@ -32,6 +28,11 @@ from .loading import (
 )
 from .logits import check_fast_path, logit_transform
 from .loss import loss_outputs, scored_row_nll
+
+# Only for annotations: transformers' model code (~1 s to import) is imported by .loading when a
+# model is loaded, not by every ``tango run``.
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 #: Attention implementations that take the explicit (R, 1, T, T) masks of packed batches.
 MASKED_ATTENTION = ("sdpa", "eager")

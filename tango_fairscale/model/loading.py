@@ -7,20 +7,28 @@ from __future__ import annotations
 
 import difflib
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tango.common.exceptions import ConfigurationError
 
 from .. import compat  # noqa: F401  (the fixes; transformers' before it is imported)
-
-# isort: split
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
-from transformers.activations import NewGELUActivation
-from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
 from ..checks import one_line
 from .fingerprint import hub_revision, is_hub_id, unreachable
+
+# transformers is imported where a model, config or tokenizer is loaded: its model code costs
+# ~1 s to import, which a ``tango run`` that loads nothing (every step cached) does not pay.
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+#: The transformers modules that loading a model and its tokenizer imports (what the top-level
+#: imports of this package's model modules once pulled in): a fork server imports them once for
+#: its workers (:func:`~tango_fairscale.train.launch.component_modules`).
+MODEL_CODE = (
+    "transformers.modeling_utils",
+    "transformers.models.auto.modeling_auto",
+    "transformers.models.auto.tokenization_auto",
+)
 
 #: Encoded by :func:`check_tokenizer`: a tokenizer that cannot encode it is not a real one.
 PROBE_TEXT = "Question: How do I open a jar?\nAnswer: Twist the lid."
@@ -40,6 +48,8 @@ def fuse_tanh_gelu(model: torch.nn.Module) -> None:
     third of the GPU time of PIQA scoring); ``nn.GELU(approximate="tanh")`` is one, and agrees to
     within float rounding (4.8e-7 in fp32). The saved config still says ``gelu_new``.
     """
+    from transformers.activations import NewGELUActivation
+
     for name, module in list(model.named_modules()):
         if isinstance(module, NewGELUActivation):
             parent, _, child = name.rpartition(".")
@@ -51,6 +61,9 @@ def build_model(model: str | None, config: dict[str, Any] | None, seed: int) -> 
     in fp32 whatever the checkpoint stores: transformers 5 keeps a checkpoint's dtype by default,
     so a bf16 checkpoint would train and score in bf16 under any precision (bf16 values upcast
     exactly; an engine casts to bf16 for ``bf16-true``)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
     if config is None:
         assert model is not None
         try:
@@ -113,6 +126,8 @@ def context_length(config: Any, tokenizer: Any) -> int:
 def load_config(source: str, **overrides: Any) -> Any:
     """The Hugging Face config of the model at ``source`` (hub id or directory), with
     ``overrides``."""
+    from transformers import AutoConfig
+
     try:
         return AutoConfig.from_pretrained(source, **hub_options(source), **overrides)
     except (OSError, ValueError) as error:
@@ -122,6 +137,8 @@ def load_config(source: str, **overrides: Any) -> Any:
 
 
 def load_tokenizer(source: str) -> Any:
+    from transformers import AutoTokenizer
+
     try:
         return AutoTokenizer.from_pretrained(source, **hub_options(source))
     except (OSError, ValueError, TypeError) as error:

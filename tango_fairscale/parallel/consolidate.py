@@ -13,9 +13,9 @@ shapes.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from ..checks import reason
 from ..model.causal_lm import ModelWrapper
@@ -28,6 +28,11 @@ from ..records.checkpoints import (
 from .checkpoint_format import CheckpointFormat
 from .distributed_checkpoint import DistributedCheckpoint
 from .rank_files import RankFiles
+
+# transformers' model code costs ~1 s to import: imported where a model is built, not by every
+# ``tango run`` (Tango imports each submodule of the package).
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 #: Every format, by the name a manifest records.
 FORMATS: dict[str, type[CheckpointFormat]] = {
@@ -77,6 +82,8 @@ def plain_model(checkpoint_dir: Path, state: dict[str, torch.Tensor]) -> ModelWr
 
 def _meta_model(checkpoint_dir: Path) -> PreTrainedModel:
     """The model of the checkpoint's config, its parameters on the meta device (no memory)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
     files = checkpoint_dir / HF_FILES
     if not (files / "config.json").is_file():
         raise CheckpointError(

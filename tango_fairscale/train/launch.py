@@ -8,6 +8,8 @@ from typing import Any
 import torch
 from tango.common import Lazy, Registrable
 
+from ..model.causal_lm import ModelWrapper
+from ..model.loading import MODEL_CODE
 from ..records.checkpoints import run_id
 from ..runtime import launcher
 from ..runtime.process_group import hosted_store
@@ -74,7 +76,9 @@ def join_training(launch: launcher.Launch, job: int, plan: TrainPlan) -> None:
 def component_modules(*components: Lazy) -> tuple[str, ...]:
     """The modules that register the types ``components`` (``Lazy``) name, theirs and their
     parameters' (an engine's optimizer and scheduler, ...), for processes that start without
-    them: every module defining a registered class whose name appears as a ``type``."""
+    them: every module defining a registered class whose name appears as a ``type``; with
+    :class:`~tango_fairscale.model.causal_lm.ModelWrapper`'s, the transformers modules it imports
+    only when it loads a model (``MODEL_CODE``), so that a fork server imports them once."""
     names: set[str] = set()
 
     def collect(value: Any) -> None:
@@ -94,4 +98,6 @@ def component_modules(*components: Lazy) -> tuple[str, ...]:
         for name, (cls, _) in registry.items():
             if name in names:
                 modules.append(cls.__module__)
+    if ModelWrapper.__module__ in modules:
+        modules.extend(MODEL_CODE)
     return tuple(dict.fromkeys(modules))

@@ -11,6 +11,7 @@ import torch
 from tango.common import Lazy, Params, Registrable
 from tango.integrations.torch import Model, TrainCallback, TrainConfig, TrainingEngine
 
+from tango_fairscale.model.loading import MODEL_CODE
 from tango_fairscale.records.checkpoints import run_id
 from tango_fairscale.runtime.spawn import WorkerFailed
 from tango_fairscale.tasks.lm_eval import TaskSpec, load_tasks, training_pairs
@@ -61,6 +62,7 @@ def test_component_modules_are_those_registering_every_named_type() -> None:
         "torch.optim.adamw",
         "tango_fairscale.train.lr_schedule",
         __name__,
+        *MODEL_CODE,  # the model's transformers code, which it imports only when it loads one
     }
 
 

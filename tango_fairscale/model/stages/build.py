@@ -5,18 +5,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
 from tango.common.exceptions import ConfigurationError
 from torch import nn
-from transformers import PreTrainedModel
 
 from ..logits import logit_transform
 from ..loss import LogitTransform
 from . import gpt2, gpt_neox, llama, opt
 from .family import Family
 from .stage import MASKS, Projection, Stage, StagePrecision, StageSettings, TiedWeight
+
+# Only for annotations: transformers' model code costs ~1 s to import; the model is given here.
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 #: model_type -> layout. SmolLM / SmolLM2 are "llama", Qwen2.5 is "qwen2".
 FAMILIES: dict[str, Family] = {

@@ -27,7 +27,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
 from ..loss import IDENTITY, LogitTransform, scored_row_nll
 from .family import FULL, SLIDING, Family
@@ -92,8 +91,10 @@ class Projection(nn.Module):
         return F.linear(hidden, self.weight)
 
 
-#: The mask function of each attention kind (as the decoders' own forwards call them).
-MASKS = {FULL: create_causal_mask, SLIDING: create_sliding_window_causal_mask}
+#: The mask function of each attention kind (as the decoders' own forwards call them), by its name
+#: in transformers' ``masking_utils``: looked up when a stage runs, since that module costs ~1 s to
+#: import and a ``tango run`` that builds no pipe does not need it.
+MASKS = {FULL: "create_causal_mask", SLIDING: "create_sliding_window_causal_mask"}
 
 
 @dataclass(frozen=True, eq=False)
@@ -173,10 +174,12 @@ class Stage(nn.Module):
     def _run_layers(self, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         if not self.layers:
             return hidden
+        from transformers import masking_utils
+
         # position_ids are not passed: with no padding mask either, transformers would read
         # them on the host to look for packed rows, and these rows are never packed.
         masks = {
-            kind: MASKS[kind](
+            kind: getattr(masking_utils, MASKS[kind])(
                 config=self.config, inputs_embeds=hidden, attention_mask=None, past_key_values=None
             )
             for kind in set(self.kinds)
