@@ -149,6 +149,15 @@ def suites() -> dict[str, str]:
 # --- one row per result ----------------------------------------------------------------------
 
 
+def _kind_by_keys(data: dict[str, Any]) -> str | None:
+    """The benchmark of a JSON file written before its script named it (``"benchmark"``)."""
+    if "runs" in data and "gpus" in data:
+        return "multinode"
+    if "variants" in data and "train_steps" in data:
+        return "main_job"
+    return None
+
+
 def describe(stem: str, files: list[Path], runner_suite: str | None) -> dict[str, Any]:
     earlier = EARLIER.get(stem, {})
     row: dict[str, Any] = {
@@ -165,7 +174,7 @@ def describe(stem: str, files: list[Path], runner_suite: str | None) -> dict[str
     if json_file is not None:
         data = json.loads(json_file.read_text())
         env = data.get("environment") or {}
-        kind = data.get("benchmark") or ("multinode" if "runs" in data and "gpus" in data else None)
+        kind = data.get("benchmark") or _kind_by_keys(data)
         row["suite"] = env.get("suite") or row["suite"]
         row["figure"] = row["figure"] or (FIGURES[kind](data) if kind in FIGURES else None)
         row["commit"] = env.get("commit") or data.get("commit")

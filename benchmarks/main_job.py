@@ -219,6 +219,7 @@ def main() -> None:
         key = name if name not in results else f"{name} (again)"
         results[key] = run_command(name, VARIANTS[name], args)
     report: dict[str, Any] = {
+        "benchmark": "main_job",
         "environment": env,
         "train_steps": args.train_steps,
         "variants": results,
