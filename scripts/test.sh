@@ -12,7 +12,9 @@
 #     (tests/integration/{parallel,train,model}) train together in one process group per world
 #     size, so those must share one session;
 #   * the commands' tests (tests/test_*.py, tests/runtime, tests/integration/{commands,runtime}:
-#     tango run, torchrun, SLURM, caching, the results CLI, ...), printed after.
+#     tango run, torchrun, SLURM, caching, the results CLI, ...) and, to even the shares, the
+#     generation comparison with lm-eval (tests/integration/evaluation/test_generation_exact.py),
+#     printed after.
 # Each session keeps to one intra-op thread (OMP_NUM_THREADS=1, as under torchrun): two sessions
 # of two threads each would oversubscribe the cores. mypy checks meanwhile; its report comes
 # last. Any of the three failing fails the command.
@@ -27,7 +29,8 @@ bash scripts/setup.sh
 export OMP_NUM_THREADS=1
 package=(tests/parallel tests/train tests/model tests/evaluation tests/compat)
 package+=(tests/integration/parallel tests/integration/train tests/integration/model)
-package+=(tests/integration/evaluation tests/integration/compat)
+package+=(tests/integration/evaluation/test_{generation_ranks,in_loop_suite_ranks}.py)
+package+=(tests/integration/evaluation/test_{lm_eval_exact,scoring_ranks}.py tests/integration/compat)
 package+=(tests/data tests/tasks tests/records tests/results tests/helpers)
 pytest_args=(-q -m "slow or not slow" --durations=10)
 scratch="$(mktemp -d)"
