@@ -10,29 +10,20 @@ recorded while DCP writes them. A model-only checkpoint (a finished run's final 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shutil
 import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemWriter
-from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.filesystem import FileSystem
-from torch.distributed.checkpoint.metadata import StorageMeta, TensorStorageMetadata
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from ..checks import reason
 from ..records.checkpoints import (
     CheckpointError,
     DamagedCheckpoint,
     FileRecord,
-    HashingFile,
     Identity,
     Manifest,
     file_record,
@@ -46,7 +37,12 @@ from .checkpoint_format import (
     torch_saving,
     trainer_state,
 )
-from .safe_load import SafeReader, load_dcp, load_torch_file, read_dcp_metadata
+from .dcp_storage import load_dcp, read_metadata, save_dcp
+from .safe_load import load_torch_file, read_dcp_metadata
+
+# torch.distributed.checkpoint is imported where a checkpoint is taken, written or read (here and
+# in .dcp_storage): it imports DTensor and sympy (~0.8 s), which a ``tango run`` that touches no
+# fsdp2 checkpoint (every step cached, another engine) does not pay.
 
 TRAINER_STATE = "trainer.pt"
 DCP_METADATA = ".metadata"
@@ -74,6 +70,8 @@ class DistributedCheckpoint(CheckpointFormat):
         identity: Identity,
         model_only: bool = False,
     ) -> Any:
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
         model_state, optimizer_state = get_state_dict(owner.model, owner.optimizer)
         trainer = None
         if owner.train_config.worker_id == 0:
@@ -91,7 +89,7 @@ class DistributedCheckpoint(CheckpointFormat):
     def write(
         self, snapshot: Any, directory: Path, rank: int, group: Any = None
     ) -> dict[str, FileRecord]:
-        records = _save(snapshot.state, directory, snapshot.identity, group=group)
+        records = save_dcp(snapshot.state, directory, snapshot.identity, group=group)
         if snapshot.trainer is not None:
             trainer_file = directory / TRAINER_STATE
             records[TRAINER_STATE] = write_file(trainer_file, torch_saving(snapshot.trainer))
@@ -111,6 +109,8 @@ class DistributedCheckpoint(CheckpointFormat):
         return problem if problem and problem.startswith("of another") else None
 
     def load(self, owner: StateOwner, directory: Path, manifest: Manifest) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
         check_metadata_identity(directory, manifest.identity)
         model_state, optimizer_state = get_state_dict(owner.model, owner.optimizer)
         load_dcp({"model": model_state, "optimizer": optimizer_state}, directory)
@@ -129,6 +129,8 @@ class DistributedCheckpoint(CheckpointFormat):
     def full_state(self, directory: Path, manifest: Manifest) -> dict[str, torch.Tensor]:
         """The ``model`` entry, read in this process alone (``no_dist``: inside a job, ``dcp.load``
         would otherwise run collectives that the other ranks never join)."""
+        from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
         metadata = check_metadata_identity(directory, manifest.identity)
         state: dict[str, Any] = {
             key.removeprefix("model."): torch.empty(item.size, dtype=item.properties.dtype)
@@ -151,36 +153,17 @@ class DistributedCheckpoint(CheckpointFormat):
         state = self.full_state(directory, manifest)
         with warnings.catch_warnings():  # "assuming the intent is to save in a single process"
             warnings.filterwarnings("ignore", "torch.distributed is disabled")
-            records = _save({"model": state}, target, manifest.identity, no_dist=True)
+            records = save_dcp({"model": state}, target, manifest.identity, no_dist=True)
         shutil.copyfile(directory / TRAINER_STATE, target / TRAINER_STATE)
         records[TRAINER_STATE] = file_record(target / TRAINER_STATE)
         return records
-
-
-def _save(
-    state: dict[str, Any],
-    directory: Path,
-    identity: Identity,
-    no_dist: bool = False,
-    group: Any = None,
-) -> dict[str, FileRecord]:
-    """``dcp.save`` of ``state`` into ``directory``, its metadata carrying ``identity``, its
-    collectives on ``group`` (``None``: the job's); the records of the files written. A failed
-    write raises ``OSError``."""
-    writer = _HashingWriter(directory, identity)
-    try:
-        dcp.save(state, storage_writer=writer, process_group=group, no_dist=no_dist)
-    except CheckpointException as error:  # a BaseException, every rank's failures
-        _, (cause, _trace) = min(error.failures.items())
-        raise (cause if isinstance(cause, OSError) else OSError(reason(cause))) from None
-    return dict(writer.fs.records)
 
 
 def check_metadata_identity(directory: Path, identity: Identity) -> Any:
     """DCP's metadata of ``directory`` (read through the allow-list), refused as damaged when
     it carries another identity than ``identity``."""
     try:
-        metadata = SafeReader(directory).read_metadata()
+        metadata = read_metadata(directory)
     except Exception as error:  # unreadable, truncated, not a pickle, a refused global
         raise CheckpointError(f"cannot read {directory / DCP_METADATA} ({reason(error)})") from None
     problem = identity_mismatch(_identity_of(metadata), identity)
@@ -195,39 +178,3 @@ def _identity_of(metadata: Any) -> Any:
         return json.loads(save_id) if isinstance(save_id, str) else None
     except ValueError:
         return None
-
-
-class _HashingFileSystem(FileSystem):
-    """DCP's file system, recording each file it writes (by name) while writing it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.records: dict[str, FileRecord] = {}
-
-    @contextlib.contextmanager
-    def create_stream(self, path: Any, mode: str) -> Iterator[Any]:
-        with super().create_stream(path, mode) as stream:
-            if "w" not in mode:
-                yield stream
-                return
-            hashing = HashingFile(stream)  # type: ignore[arg-type]
-            yield hashing
-        self.records[Path(path).name] = hashing.record()
-
-    def rename(self, path: Any, new_path: Any) -> None:
-        super().rename(path, new_path)
-        if Path(path).name in self.records:  # .metadata is written as .metadata.tmp first
-            self.records[Path(new_path).name] = self.records.pop(Path(path).name)
-
-
-class _HashingWriter(FileSystemWriter):
-    """DCP's writer through :class:`_HashingFileSystem`, its metadata carrying ``identity``."""
-
-    def __init__(self, directory: Path, identity: Identity) -> None:
-        super().__init__(directory)
-        self.fs: _HashingFileSystem = _HashingFileSystem()
-        self.identity = identity
-
-    def storage_meta(self) -> StorageMeta | None:
-        save_id = json.dumps(self.identity.as_dict(), sort_keys=True)
-        return StorageMeta(checkpoint_id=self.checkpoint_id, save_id=save_id)

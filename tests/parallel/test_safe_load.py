@@ -12,11 +12,9 @@ import torch
 import torch.distributed.checkpoint as dcp
 from helpers.hostile_pickles import calling_pickle, hostile_globals, plant_byte_entry
 
+from tango_fairscale.parallel.dcp_storage import UnreadableCheckpoint, load_dcp, read_metadata
 from tango_fairscale.parallel.safe_load import (
-    SafeReader,
-    UnreadableCheckpoint,
     dcp_metadata_globals,
-    load_dcp,
     load_torch_file,
     read_dcp_metadata,
 )
@@ -96,7 +94,7 @@ def _checkpoint(directory: Path) -> dict:
 
 def test_a_real_checkpoint_reads_through_the_allow_lists(tmp_path) -> None:
     saved = _checkpoint(tmp_path)
-    metadata = SafeReader(tmp_path).read_metadata()
+    metadata = read_metadata(tmp_path)
     assert (
         metadata.state_dict_metadata.keys()
         == dcp.FileSystemReader(tmp_path).read_metadata().state_dict_metadata.keys()
