@@ -25,6 +25,9 @@ import _train_worker
 PRELOAD = [
     "torch",
     "torch.distributed",
+    "torch.distributed.fsdp",  # these three: what fsdp2.py imports when used (FSDP2_CODE)
+    "torch.distributed.checkpoint",
+    "torch.distributed.checkpoint.state_dict",
     "transformers",
     "transformers.models.gpt2.modeling_gpt2",
     "tango",

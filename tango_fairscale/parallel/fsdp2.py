@@ -6,15 +6,13 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterator
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from tango.common.exceptions import ConfigurationError
 from tango.integrations.torch import TrainingEngine
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from ..model.causal_lm import ModelWrapper
 from .checkpoint_format import CheckpointFormat
@@ -23,7 +21,22 @@ from .engine import ShardedEngine
 from .sharding import apply_sharding, selected_units
 from .strategy import ShardedStrategy
 
+# torch.distributed.fsdp and torch.distributed.checkpoint are imported where a model is sharded or
+# its state gathered: they import DTensor and sympy (~0.8 s), which a ``tango run`` that trains
+# nothing (every step cached) does not pay; the fork server imports them once (FSDP2_CODE).
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
+
 logger = logging.getLogger(__name__)
+
+#: The torch modules this engine and its checkpoints (:mod:`.distributed_checkpoint`) import only
+#: when they are used: a fork server imports them once for its workers
+#: (:func:`~tango_fairscale.train.launch.component_modules`).
+FSDP2_CODE = (
+    "torch.distributed.fsdp",
+    "torch.distributed.checkpoint",
+    "torch.distributed.checkpoint.state_dict",
+)
 
 
 class FSDP2Strategy(ShardedStrategy):
@@ -31,6 +44,8 @@ class FSDP2Strategy(ShardedStrategy):
     checkpoints through ``torch.distributed.checkpoint`` (:class:`DistributedCheckpoint`)."""
 
     def wrap(self, model: ModelWrapper) -> torch.nn.Module:
+        from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+
         config, device = self.sharding, self.placement.device
         units, checkpointed = selected_units(model, config)
         options: dict[str, Any] = {
@@ -69,6 +84,8 @@ class FSDP2Strategy(ShardedStrategy):
         return init_device_mesh(device_type, shape, mesh_dim_names=("replicate", "shard"))
 
     def _mixed_precision_policy(self) -> MixedPrecisionPolicy:
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
         precision = self.placement.precision
         if not precision.mixed:
             return MixedPrecisionPolicy()
@@ -91,6 +108,8 @@ class FSDP2Strategy(ShardedStrategy):
         return DistributedCheckpoint()  # resharded on load; the model's state through DCP's API
 
     def full_model_state(self, model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         state = get_model_state_dict(model, options=options)  # all ranks take part
         if self.placement.job.worker_id != 0:

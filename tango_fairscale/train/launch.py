@@ -10,12 +10,18 @@ from tango.common import Lazy, Registrable
 
 from ..model.causal_lm import ModelWrapper
 from ..model.loading import MODEL_CODE
+from ..parallel.fsdp2 import FSDP2_CODE, FSDP2Engine
 from ..records.checkpoints import run_id
 from ..runtime import launcher
 from ..runtime.process_group import hosted_store
 from ..runtime.spawn import WorkerFailed, run_workers
 from .checkpoints import TrainingStopped, resume_hint
 from .loop import TrainPlan, spawned_worker, train_worker
+
+#: The costly modules a component's module imports only when the component is used (transformers'
+#: model code, FSDP2's and DCP's torch modules), by that module: a fork server imports them with
+#: it, once for its workers.
+DEFERRED_IMPORTS = {ModelWrapper.__module__: MODEL_CODE, FSDP2Engine.__module__: FSDP2_CODE}
 
 
 def run_training(plan: TrainPlan) -> dict[str, torch.Tensor] | None:
@@ -76,9 +82,9 @@ def join_training(launch: launcher.Launch, job: int, plan: TrainPlan) -> None:
 def component_modules(*components: Lazy) -> tuple[str, ...]:
     """The modules that register the types ``components`` (``Lazy``) name, theirs and their
     parameters' (an engine's optimizer and scheduler, ...), for processes that start without
-    them: every module defining a registered class whose name appears as a ``type``; with
-    :class:`~tango_fairscale.model.causal_lm.ModelWrapper`'s, the transformers modules it imports
-    only when it loads a model (``MODEL_CODE``), so that a fork server imports them once."""
+    them: every module defining a registered class whose name appears as a ``type``, each
+    followed by the modules it imports only when used (:data:`DEFERRED_IMPORTS`: the model's
+    transformers code, FSDP2's torch modules), so that a fork server imports them once."""
     names: set[str] = set()
 
     def collect(value: Any) -> None:
@@ -98,6 +104,6 @@ def component_modules(*components: Lazy) -> tuple[str, ...]:
         for name, (cls, _) in registry.items():
             if name in names:
                 modules.append(cls.__module__)
-    if ModelWrapper.__module__ in modules:
-        modules.extend(MODEL_CODE)
+    for module in list(modules):
+        modules.extend(DEFERRED_IMPORTS.get(module, ()))
     return tuple(dict.fromkeys(modules))

@@ -12,6 +12,7 @@ from tango.common import Lazy, Params, Registrable
 from tango.integrations.torch import Model, TrainCallback, TrainConfig, TrainingEngine
 
 from tango_fairscale.model.loading import MODEL_CODE
+from tango_fairscale.parallel.fsdp2 import FSDP2_CODE
 from tango_fairscale.records.checkpoints import run_id
 from tango_fairscale.runtime.spawn import WorkerFailed
 from tango_fairscale.tasks.lm_eval import TaskSpec, load_tasks, training_pairs
@@ -64,6 +65,19 @@ def test_component_modules_are_those_registering_every_named_type() -> None:
         __name__,
         *MODEL_CODE,  # the model's transformers code, which it imports only when it loads one
     }
+
+
+def test_the_fsdp2_engine_brings_the_torch_modules_it_imports_when_used() -> None:
+    """FSDP2's and DCP's modules, which the engine's module imports only when it shards a model
+    or touches a checkpoint: the fork server imports them once, not each worker."""
+    engine = Lazy(
+        TrainingEngine,
+        Params({"type": "tango_fairscale::fsdp2", "optimizer": {"type": "torch::AdamW"}}),
+    )
+    modules = component_modules(engine)
+    assert len(modules) == len(set(modules))
+    assert set(modules) == {"tango_fairscale.parallel.fsdp2", "torch.optim.adamw", *FSDP2_CODE}
+    assert {"torch.distributed.fsdp", "torch.distributed.checkpoint"} <= set(FSDP2_CODE)
 
 
 def test_types_no_registry_knows_need_no_module() -> None:
