@@ -15,6 +15,12 @@ from tango.common.logging import initialize_worker_logging
 
 from .signals import forwarded_to, stop_signals
 
+#: Once a worker has failed, the seconds the others get to exit on their own, then as many after
+#: SIGTERM before SIGKILL. Their collectives fail without the dead peer and a kill never damages
+#: a checkpoint, so there is nothing to wait for: a stuck worker is killed 2 x 2 s after the first
+#: failure (torch's 5 s each made a hung rank's run end 10 s later).
+STOP_GRACE_S = 2.0
+
 
 class WorkerFailed(RuntimeError):
     """A worker process died or raised; the others were stopped. The message is one line."""
@@ -63,7 +69,7 @@ def run_workers(
     try:
         with forwarded_to(stop_signals(forward), alive):
             exits = exits_at_first_failure(context.processes)
-            while not context.join(grace_period=5):
+            while not context.join(grace_period=STOP_GRACE_S):
                 pass
     except mp.ProcessExitedException as error:
         raise WorkerFailed(_died(error.error_index, error.signal_name or error.exit_code)) from None
