@@ -18,7 +18,7 @@ from .signals import forwarded_to, stop_signals
 #: Once a worker has failed, the seconds the others get to exit on their own, then as many after
 #: SIGTERM before SIGKILL. Their collectives fail without the dead peer and a kill never damages
 #: a checkpoint, so there is nothing to wait for: a stuck worker is killed 2 x 2 s after the first
-#: failure (torch's 5 s each made a hung rank's run end 10 s later).
+#: failure.
 STOP_GRACE_S = 2.0
 
 

@@ -65,37 +65,6 @@ def resume_hint(checkpoints: Path) -> str:
     return f"rerun the same command to resume from {where}"
 
 
-def save_checkpoint(
-    engine: Engine,
-    policy: CheckpointPolicy,
-    step: int,
-    is_main: bool,
-    extra: dict | None = None,
-    model_only: bool = False,
-) -> None:
-    """Write step ``step``'s checkpoint on every rank and make it ``latest``, keeping the newest
-    ``policy.keep`` (call on all ranks); ``extra`` (plain data: callbacks' states, ...) is kept
-    with the step and the RNG state; ``model_only``: without the optimizer state.
-
-    A failed write (a full disk, a lost mount) raises :class:`TrainingStopped` on every rank and
-    leaves the previous checkpoint ``latest``.
-    """
-    partial = partial_dir(policy.directory, step)
-    client_state = {**(extra or {}), "step": step, "rng": torch.get_rng_state()}
-    identity = Identity(policy.run_id, step, engine.train_config.world_size)
-    try:
-        engine.checkpoint_format.save(engine, partial, client_state, identity, model_only)
-    except OSError as error:
-        raise TrainingStopped(
-            f"writing checkpoint {step_name(step)} failed ({error}); "
-            f"{resume_hint(policy.directory)} once it can be written"
-        ) from None
-    barrier()
-    if is_main:
-        commit(partial, policy.keep)
-    barrier()
-
-
 class BackgroundWriter:
     """A run's checkpoints written by a thread while training goes on, at most one in flight.
 
@@ -274,7 +243,7 @@ def _leave_text(path: Path, text: str) -> None:
 
 def resume(engine: Engine, checkpoints: Path, is_main: bool) -> dict[str, Any]:
     """Load the newest complete checkpoint whose files match its manifest into ``engine``;
-    return what :func:`save_checkpoint` kept with it (``step``, ``extra``'s keys; ``{}`` when
+    return what :meth:`BackgroundWriter.save` kept with it (``step``, ``extra``'s keys; ``{}`` when
     there is none). A damaged checkpoint (a file missing, of another size or digest, or of
     another checkpoint) is skipped for the one before, which the log says; one that cannot be
     loaded (no manifest, another model, pickled code) is refused in one line naming it. Call on
