@@ -1,68 +1,154 @@
-"""Copies of an engine's state in host memory, taken without waiting for the GPU: each device
-tensor is copied on the current CUDA stream into a pinned buffer kept for the next copy of the
-same shape, and an event says when the copies are complete (training goes on meanwhile: the
-stream runs the copies before any later update of the tensors)."""
+"""Copies of an engine's state in host memory, taken without waiting for the GPU: every device
+tensor is copied on the current CUDA stream into one block of pinned host memory, kept for the
+next copy, and an event says when the copies are complete (training goes on meanwhile: the stream
+runs the copies before any later update of the tensors)."""
 
 from __future__ import annotations
 
 import copy
+import logging
+import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
+logger = logging.getLogger(__name__)
+
+#: Where each tensor's copy starts in the block: a multiple of this many bytes.
+ALIGNMENT = 64
+
 
 class HostCopier:
-    """Copies nested state (dicts, lists, tuples of tensors and plain data) into host memory,
-    reusing its pinned buffers from one copy to the next. Tensors that share storage (tied
-    weights) stay shared in the copy. A ``DTensor`` (FSDP2's shards) is copied as its local
-    shard, wrapped in the same layout (as DCP's own staging does), so that DCP saves the copy as
-    it would the original."""
+    """Copies nested state (dicts, lists, tuples of tensors and plain data) into host memory.
+    Tensors on ``device_type`` (CUDA unless a test says otherwise) are copied into views of one
+    block of host memory, pinned for CUDA, that the next copy reuses: allocated once, at its exact
+    size (:meth:`reserve` allocates it ahead, e.g. on a thread while training goes on), where one
+    pinned allocation per tensor would round each up to a power of two and a first checkpoint of
+    billions of parameters would stop the loop to pin them one by one. Other tensors are cloned.
+    Tensors that share storage (tied weights) stay shared in the copy. A ``DTensor`` (FSDP2's
+    shards) is copied as its local shard, wrapped in the same layout (as DCP's own staging does),
+    so that DCP saves the copy as it would the original."""
 
-    def __init__(self) -> None:
-        self._buffers: dict[tuple, torch.Tensor] = {}
+    def __init__(self, device_type: str = "cuda") -> None:
+        self.device_type = device_type
+        self._block: torch.Tensor | None = None
+
+    def size(self, state: Any) -> int:
+        """The bytes of the block that a copy of ``state`` takes."""
+        offset, seen = 0, set()
+        for tensor in _tensors(state):
+            alias = _alias(tensor)
+            if _staged(tensor, self.device_type) and alias not in seen:
+                seen.add(alias)
+                offset = _aligned(offset) + _nbytes(tensor)
+        return offset
+
+    def reserve(self, nbytes: int) -> None:
+        """Make the block hold at least ``nbytes``: a new block (the old one freed) only when it
+        is smaller. Finish with the previous copy before (as for :meth:`copy`)."""
+        if nbytes and (self._block is None or self._block.numel() < nbytes):
+            self._block = None
+            self._block = _host_block(nbytes, pin=self.device_type == "cuda")
+
+    def release(self) -> None:
+        """Free the block (unpinned first); the next copy allocates another."""
+        self._block = None
 
     def copy(self, state: Any) -> tuple[Any, torch.cuda.Event | None]:
-        """``(copy of state, event)``: the event (``None`` without device tensors) completes when
+        """``(copy of state, event)``: the event (``None`` without CUDA tensors) completes when
         every device tensor's copy has; wait on it before reading the copy. The previous copy's
-        buffers are reused: finish with a copy before taking the next."""
-        self._used: set[tuple] = set()
+        block is reused: finish with a copy before taking the next."""
+        self.reserve(self.size(state))
         self._memo: dict[tuple, torch.Tensor] = {}
-        self._on_device = False
-        result = self._copy(state, ())
-        self._buffers = {key: self._buffers[key] for key in self._used}
+        self._offset = 0
+        result = self._copy(state)
         event = None
-        if self._on_device:
+        if self._offset and self.device_type == "cuda":
             event = torch.cuda.Event()
             event.record()
         return result, event
 
-    def _copy(self, value: Any, path: tuple) -> Any:
+    def _copy(self, value: Any) -> Any:
         if isinstance(value, torch.Tensor):
-            return self._tensor(value.detach(), path)
+            return self._tensor(value.detach())
         if isinstance(value, dict):
-            return type(value)((key, self._copy(item, (*path, key))) for key, item in value.items())
+            return type(value)((key, self._copy(item)) for key, item in value.items())
         if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
-            return type(value)(self._copy(item, (*path, index)) for index, item in enumerate(value))
+            return type(value)(self._copy(item) for item in value)
         return copy.deepcopy(value)
 
-    def _tensor(self, tensor: torch.Tensor, path: tuple) -> torch.Tensor:
+    def _tensor(self, tensor: torch.Tensor) -> torch.Tensor:
         from torch.distributed.tensor import DTensor
 
         if isinstance(tensor, DTensor):
-            local = self._tensor(tensor.to_local(), path)
+            local = self._tensor(tensor.to_local())
             return DTensor(local, tensor._spec, requires_grad=False)
-        alias = (tensor.device, tensor.data_ptr(), tensor.dtype, tensor.shape, tensor.stride())
+        alias = _alias(tensor)
         if tensor.numel() and alias in self._memo:  # a tied weight: one copy, shared
             return self._memo[alias]
-        if tensor.device.type != "cuda":
+        if not _staged(tensor, self.device_type):
             copied = tensor.clone()
         else:
-            buffer = self._buffers.get(path)
-            if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
-                buffer = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
-                self._buffers[path] = buffer
-            self._used.add(path)
-            copied = buffer.copy_(tensor, non_blocking=True)
-            self._on_device = True
+            assert self._block is not None
+            start = _aligned(self._offset)
+            self._offset = start + _nbytes(tensor)
+            view = self._block[start : self._offset].view(tensor.dtype).view(tensor.shape)
+            copied = view.copy_(tensor, non_blocking=True)
         self._memo[alias] = copied
         return copied
+
+
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    """The tensors of nested state in the order :meth:`HostCopier.copy` meets them (a
+    ``DTensor`` as its local shard)."""
+    if isinstance(value, torch.Tensor):
+        from torch.distributed.tensor import DTensor
+
+        yield value.to_local() if isinstance(value, DTensor) else value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)
+    elif isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        for item in value:
+            yield from _tensors(item)
+
+
+def _staged(tensor: torch.Tensor, device_type: str) -> bool:
+    """Whether ``tensor``'s copy goes to the block (empty tensors are cloned, wherever)."""
+    return tensor.device.type == device_type and tensor.numel() > 0
+
+
+def _alias(tensor: torch.Tensor) -> tuple:
+    """What makes two tensors one (tied weights): the same memory seen the same way (for
+    tensors that are not empty: an empty one's pointer says nothing)."""
+    return (tensor.device, tensor.data_ptr(), tensor.dtype, tensor.shape, tensor.stride())
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def _aligned(offset: int) -> int:
+    return -(-offset // ALIGNMENT) * ALIGNMENT
+
+
+def _host_block(nbytes: int, pin: bool) -> torch.Tensor:
+    """``nbytes`` of host memory, every page touched (by torch's threads) and, with ``pin``,
+    registered with CUDA as pinned at its exact size; unpinned when the block is freed. Memory
+    that cannot be pinned stays pageable (copies into it wait for the GPU), with a warning."""
+    block = torch.empty(nbytes, dtype=torch.uint8)
+    block.zero_()  # touch the pages in parallel: registering would fault them in one by one
+    if pin:
+        cudart = torch.cuda.cudart()
+        failed = int(cudart.cudaHostRegister(block.data_ptr(), nbytes, 0))
+        if failed:
+            logger.warning(
+                "could not pin %.1f GB of host memory for checkpoints (CUDA error %d): "
+                "each checkpoint's copy waits for the GPU",
+                nbytes / 1e9,
+                failed,
+            )
+        else:
+            weakref.finalize(block, cudart.cudaHostUnregister, block.data_ptr())
+    return block

@@ -79,7 +79,8 @@ class BackgroundWriter:
     abandoned at its next file write and its ``.partial-`` directory removed, instead of waited for
     (``supersede``). A format whose writes run collectives (DCP's plan exchange) runs them on a gloo
     group of the writer's own, made on every rank here, with the job's collective timeout
-    ``timeout_s``."""
+    ``timeout_s``. The host memory the copies go to is reserved once, on a thread, by
+    :meth:`prepare` (the loop calls it after the first step) and freed by :meth:`close`."""
 
     def __init__(self, engine: Engine, policy: CheckpointPolicy, timeout_s: float) -> None:
         self.engine, self.policy, self.timeout_s = engine, policy, timeout_s
@@ -90,6 +91,7 @@ class BackgroundWriter:
         if engine.checkpoint_format.collective_writes and dist.is_initialized():
             self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
         self.thread: threading.Thread | None = None
+        self.reserving: threading.Thread | None = None  # prepare's, joined by the next save
         self.failure: tuple[int, str] | None = None
         self.abandoning = threading.Event()  # set: the write in flight stops at its next write
         self.writing_step = 0  # the step of the newest write started
@@ -112,6 +114,9 @@ class BackgroundWriter:
         if supersede:
             self.abandon()
         self.wait()
+        if self.reserving is not None:
+            self.reserving.join()
+            self.reserving = None
         engine, fmt = self.engine, self.engine.checkpoint_format
         client_state = {**(extra or {}), "step": step, "rng": torch.get_rng_state()}
         identity = Identity(self.policy.run_id, step, self.world_size)
@@ -128,6 +133,31 @@ class BackgroundWriter:
         if wait:
             self.wait()
             barrier()
+
+    def prepare(self) -> None:
+        """Reserve the host memory of this rank's checkpoints on a thread while training goes on
+        (call once the optimizer holds its state: after the first step). Pinning the copy of a
+        large model's state takes seconds, which the first checkpoint would otherwise stop the
+        loop for."""
+        identity = Identity(self.policy.run_id, 0, self.world_size)
+        state = self.engine.checkpoint_format.take(self.engine, {}, identity)
+        self.reserving = threading.Thread(
+            target=self.copier.reserve,
+            args=(self.copier.size(state),),
+            name="checkpoint-memory",
+            daemon=True,
+        )
+        self.reserving.start()
+
+    def close(self) -> None:
+        """Wait for the write in flight (as :meth:`wait`), then free the host memory."""
+        try:
+            self.wait()
+        finally:
+            if self.reserving is not None:
+                self.reserving.join()
+                self.reserving = None
+            self.copier.release()
 
     @property
     def busy(self) -> bool:
@@ -177,6 +207,8 @@ class BackgroundWriter:
             self.wait(self.timeout_s)
         except TrainingStopped as error:
             logger.warning("%s", error)
+        if not self.busy:
+            self.close()
 
     def _write(self, snapshot: Any, ready: Any, identity: Identity, model_only: bool) -> None:
         started = time.perf_counter()

@@ -168,6 +168,7 @@ class TrainingRun:
         else:  # the first step's loss (the first log step's, after a resume) reached the host
             self.clock.lap("first_step")
             self.first_logged = done
+            self.writer.prepare()  # the optimizer's state exists now: its size is known
         self.writer.check()
         preempted = any_rank(self.preemption.received, self.engine.device)
         mean_loss, tokens = _reduce_over_ranks(loss, self.throughput.tokens)
@@ -234,7 +235,7 @@ class TrainingRun:
         launching process: returned by rank 0 where it is that process, else written to
         ``final_weights.pt`` (``plan.final_weights_to_file``)."""
         self.clock.lap("steps")
-        self.writer.wait()
+        self.writer.close()
         barrier()
         self.preemption.restore()
         self.callbacks.call("post_train_loop", step, self.epoch(step))

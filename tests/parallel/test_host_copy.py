@@ -1,19 +1,31 @@
-"""Host copies of an engine's state (``parallel/host_copy.py``), on the CPU: the copy keeps the
-state's nesting, owns its tensors (later updates do not reach it), keeps tied tensors tied, and
-needs no event without device tensors. (The pinned buffers and the CUDA event need a GPU.)"""
+"""Host copies of an engine's state (``parallel/host_copy.py``): the copy keeps the state's
+nesting, owns its tensors (later updates do not reach it), keeps tied tensors tied, and needs no
+event without device tensors; the tensors it stages share one block, reused from copy to copy and
+reserved ahead. On the CPU the block stages CPU tensors (``device_type="cpu"``); pinning and the
+CUDA event are checked on a GPU."""
 
 from __future__ import annotations
 
 from collections import OrderedDict, namedtuple
 
+import pytest
 import torch
 
-from tango_fairscale.parallel.host_copy import HostCopier
+from tango_fairscale.parallel.host_copy import ALIGNMENT, HostCopier
 
 Pair = namedtuple("Pair", "first second")
 
 
-def test_the_copy_keeps_the_nesting_and_owns_its_tensors() -> None:
+BOTH_KINDS = pytest.mark.parametrize("staged", [False, True], ids=["cloned", "staged"])
+
+
+def copier_for(staged: bool) -> HostCopier:
+    """A copier that stages the CPU tensors of these tests in its block, or clones them."""
+    return HostCopier("cpu" if staged else "cuda")
+
+
+@BOTH_KINDS
+def test_the_copy_keeps_the_nesting_and_owns_its_tensors(staged: bool) -> None:
     weight = torch.arange(6.0, requires_grad=True)
     state = {
         "model": OrderedDict(weight=weight),
@@ -21,7 +33,7 @@ def test_the_copy_keeps_the_nesting_and_owns_its_tensors() -> None:
         "pair": Pair(torch.zeros(1), "x"),
         "step": 7,
     }
-    copied, event = HostCopier().copy(state)
+    copied, event = copier_for(staged).copy(state)
     assert event is None  # nothing on a device
     assert type(copied["model"]) is OrderedDict and type(copied["optimizer"]["state"][0]) is tuple
     assert copied["step"] == 7 and copied["optimizer"]["lr"] == 0.1
@@ -39,23 +51,73 @@ def test_the_copy_keeps_the_nesting_and_owns_its_tensors() -> None:
     assert torch.equal(copied["pair"].first, torch.zeros(1))
 
 
-def test_tied_tensors_stay_tied_and_views_stay_apart() -> None:
+@BOTH_KINDS
+def test_tied_tensors_stay_tied_and_views_stay_apart(staged: bool) -> None:
     embedding = torch.randn(4, 3)
     state = {"wte": embedding, "lm_head": embedding, "row": embedding[1], "empty": torch.empty(0)}
     state["also_empty"] = torch.empty(0)
-    copied, _ = HostCopier().copy(state)
+    copied, _ = copier_for(staged).copy(state)
     assert copied["wte"] is copied["lm_head"]  # one copy, shared
     assert copied["wte"] is not embedding
     assert torch.equal(copied["row"], embedding[1]) and copied["row"] is not copied["wte"]
     assert copied["empty"] is not copied["also_empty"]
 
 
-def test_each_copy_is_taken_afresh() -> None:
-    copier = HostCopier()
+@BOTH_KINDS
+def test_each_copy_is_taken_afresh(staged: bool) -> None:
+    copier = copier_for(staged)
     tensor = torch.zeros(3)
     first, _ = copier.copy({"t": tensor})
+    assert torch.equal(first["t"], torch.zeros(3))  # read before the next copy (the contract)
     tensor.add_(2.0)
     second, _ = copier.copy({"t": tensor})
-    assert torch.equal(first["t"], torch.zeros(3)) and torch.equal(
-        second["t"], torch.full((3,), 2.0)
+    assert torch.equal(second["t"], torch.full((3,), 2.0))
+
+
+def test_staged_tensors_share_one_block_at_their_exact_size() -> None:
+    weight = torch.randn(5, 3)
+    state = {
+        "empty": torch.empty(0, 4),
+        "weight": weight,
+        "transposed": weight.t(),  # another view of the same memory: a copy of its own
+        "tied": weight,
+        "half": torch.randn(7, dtype=torch.bfloat16),
+        "steps": torch.tensor(12, dtype=torch.int64),
+    }
+    copier = HostCopier("cpu")
+    assert copier.size(state) == 3 * ALIGNMENT + 8  # each copy starts aligned; empties cloned
+    copied, _ = copier.copy(state)
+    for key in ("weight", "transposed", "half", "steps"):
+        assert torch.equal(copied[key], state[key]) and copied[key].dtype == state[key].dtype
+        assert copied[key].untyped_storage().data_ptr() == copier._block.data_ptr()
+    assert copied["tied"] is copied["weight"] and copied["transposed"].is_contiguous()
+    assert copied["empty"].shape == (0, 4)
+
+
+def test_the_block_is_reserved_ahead_and_kept_for_smaller_copies() -> None:
+    full = {"model": torch.randn(64), "optimizer": [torch.randn(64), torch.randn(64)]}
+    copier = HostCopier("cpu")
+    copier.reserve(copier.size(full))
+    block = copier._block
+    assert block is not None and block.numel() == copier.size(full)
+    copier.copy(full)
+    copied, _ = copier.copy({"model": full["model"]})  # a model-only final checkpoint
+    assert copier._block is block and torch.equal(copied["model"], full["model"])
+    copier.copy({**full, "more": torch.randn(8)})  # a larger state: a larger block
+    assert copier._block is not block and copier._block.numel() == copier.size(
+        {**full, "more": torch.randn(8)}
     )
+    copier.release()
+    assert copier._block is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned memory and CUDA events")
+def test_device_tensors_are_copied_into_pinned_memory_without_waiting() -> None:
+    state = {"weight": torch.randn(1024, 1024, device="cuda"), "step": 3}
+    copier = HostCopier()
+    copier.reserve(copier.size(state))
+    block = copier._block
+    copied, event = copier.copy(state)
+    assert event is not None and copier._block is block and copied["weight"].is_pinned()
+    event.synchronize()
+    assert torch.equal(copied["weight"], state["weight"].cpu()) and copied["step"] == 3
