@@ -15,12 +15,15 @@ the same shape in the same workspace, whose requests come from the cache) and
 ``lm_eval --model hf`` in bfloat16 at batch sizes 64, 256 and ``auto`` (and at 256 with
 ``--cache_requests true``: a first model that fills lm-eval's request cache, then the second
 model reading it). Scoring requests/s: requests over the time of the tool's own log-likelihood
-pass — the package's ``ScorerLM`` logs it; lm-eval's progress bar reports its rate.
+pass — the package's ``ScorerLM`` logs it; lm-eval's progress bar reports its rate. Where a
+package command's time goes: each Tango step it ran (from the workspace's step records) and the
+time before the first and after the last.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import random
 import re
@@ -156,6 +159,30 @@ def timed(command: list[str], log: Path, timeout: float) -> tuple[float, int, st
     return time.perf_counter() - started, code, log.read_text(errors="replace")
 
 
+def step_split(workspace: Path, started: datetime.datetime, wall_s: float) -> dict[str, Any]:
+    """Seconds of each Tango step that the command starting at ``started`` ran in ``workspace``
+    (from its step records), and the command's seconds before the first and after the last."""
+    from tango import Workspace
+
+    spans = {}
+    for run in Workspace.from_url(str(workspace)).registered_runs().values():
+        for name, info in run.steps.items():
+            if info.start_time and info.end_time and info.start_time >= started:
+                spans[name] = (info.start_time, info.end_time)
+    if not spans:
+        return {}
+    first = min(start for start, _ in spans.values())
+    last = max(end for _, end in spans.values())
+    return {
+        "before_steps_s": round((first - started).total_seconds(), 2),
+        "steps_s": {
+            name: round((end - start).total_seconds(), 2)
+            for name, (start, end) in sorted(spans.items(), key=lambda item: item[1])
+        },
+        "after_steps_s": round(wall_s - (last - started).total_seconds(), 2),
+    }
+
+
 def ours_rate(output: str) -> float | None:
     """Requests/s of the package's log-likelihood passes (``ScorerLM``'s log lines), pooled."""
     found = re.findall(r"scored ([\d,]+) requests in ([\d.]+) s", output)
@@ -280,6 +307,7 @@ def main() -> None:
                 print(f"skipped {suite} {label}: {left:.0f} s of the budget left", flush=True)
                 continue
             log = args.work / suite / f"{label}.log"
+            started = datetime.datetime.now(datetime.timezone.utc)
             seconds, code, output = timed(command, log, min(args.timeout_s, left))
             rate = rate_of(output)
             results.append(
@@ -293,6 +321,8 @@ def main() -> None:
                     "scoring_requests_per_s": None if rate is None else round(rate, 1),
                 }
             )
+            if label.startswith("package"):
+                results[-1].update(step_split(args.work / suite / "ws", started, seconds))
             print(json.dumps(results[-1]), flush=True)
             _bench.write_json(args.out, report)
     for suite in {r["suite"] for r in results}:
