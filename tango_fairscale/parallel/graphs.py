@@ -134,7 +134,9 @@ class GraphedSteps:
                 self._pass(inputs)
         torch.cuda.current_stream(self.device).wait_stream(self.stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=self.stream):
+        # Threads of the checkpoint writer call CUDA meanwhile (pinning host memory, waiting
+        # for a copy): only this thread's calls must not interrupt the capture.
+        with torch.cuda.graph(graph, stream=self.stream, capture_error_mode="thread_local"):
             self._pass(inputs)
         with torch.no_grad():
             for parameter in self.parameters:

@@ -33,6 +33,7 @@ class HostCopier:
     def __init__(self, device_type: str = "cuda") -> None:
         self.device_type = device_type
         self._block: torch.Tensor | None = None
+        self._bytes: Any = None  # the block as a NumPy array: slices that own no storage
 
     def size(self, state: Any) -> int:
         """The bytes of the block that a copy of ``state`` takes."""
@@ -48,12 +49,13 @@ class HostCopier:
         """Make the block hold at least ``nbytes``: a new block (the old one freed) only when it
         is smaller. Finish with the previous copy before (as for :meth:`copy`)."""
         if nbytes and (self._block is None or self._block.numel() < nbytes):
-            self._block = None
+            self.release()
             self._block = _host_block(nbytes, pin=self.device_type == "cuda")
+            self._bytes = self._block.numpy()
 
     def release(self) -> None:
         """Free the block (unpinned first); the next copy allocates another."""
-        self._block = None
+        self._block = self._bytes = None
 
     def copy(self, state: Any) -> tuple[Any, torch.cuda.Event | None]:
         """``(copy of state, event)``: the event (``None`` without CUDA tensors) completes when
@@ -90,11 +92,12 @@ class HostCopier:
         if not _staged(tensor, self.device_type):
             copied = tensor.clone()
         else:
-            assert self._block is not None
             start = _aligned(self._offset)
             self._offset = start + _nbytes(tensor)
-            view = self._block[start : self._offset].view(tensor.dtype).view(tensor.shape)
-            copied = view.copy_(tensor, non_blocking=True)
+            # A storage of its own over these bytes of the block (not a view of the block's
+            # storage, which torch.save and DCP would write whole with every tensor).
+            part = torch.from_numpy(self._bytes[start : self._offset])
+            copied = part.view(tensor.dtype).view(tensor.shape).copy_(tensor, non_blocking=True)
         self._memo[alias] = copied
         return copied
 

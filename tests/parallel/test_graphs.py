@@ -111,3 +111,34 @@ def test_a_sharded_engine_trains_the_bare_model_on_one_gpu(tiny_model_dir, tmp_p
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+@GPU
+def test_graphs_are_captured_while_another_thread_pins_host_memory(
+    packed_batches, tiny_model_dir, tmp_path
+) -> None:
+    """The checkpoint writer pins its host memory on a thread while steps go on (and captures
+    happen at any new length): another thread's CUDA calls must not break a capture."""
+    import threading
+
+    from tango_fairscale.parallel.host_copy import HostCopier
+
+    engine = build("tango_fairscale::ddp", tiny_model_dir, tmp_path / "g")
+    stop = threading.Event()
+
+    def pin_again_and_again() -> None:
+        copier = HostCopier()
+        size = 1 << 20
+        while not stop.is_set():
+            copier.reserve(size)
+            size *= 2 if size < 1 << 26 else 1
+            copier.release()
+
+    pinning = threading.Thread(target=pin_again_and_again)
+    pinning.start()
+    try:
+        losses(engine, packed_batches, 10)
+    finally:
+        stop.set()
+        pinning.join()
+    assert engine.graphs is not None and engine.graphs.graphs  # captured

@@ -6,6 +6,7 @@ CUDA event are checked on a GPU."""
 
 from __future__ import annotations
 
+import io
 from collections import OrderedDict, namedtuple
 
 import pytest
@@ -87,11 +88,20 @@ def test_staged_tensors_share_one_block_at_their_exact_size() -> None:
     copier = HostCopier("cpu")
     assert copier.size(state) == 3 * ALIGNMENT + 8  # each copy starts aligned; empties cloned
     copied, _ = copier.copy(state)
+    block = copier._block
+    assert block is not None and block.numel() == copier.size(state)
+    starts = []
     for key in ("weight", "transposed", "half", "steps"):
         assert torch.equal(copied[key], state[key]) and copied[key].dtype == state[key].dtype
-        assert copied[key].untyped_storage().data_ptr() == copier._block.data_ptr()
+        starts.append(copied[key].data_ptr() - block.data_ptr())
+        # in the block, each tensor a storage of its own: torch.save writes its bytes only
+        assert copied[key].untyped_storage().nbytes() == state[key].nbytes
+    assert starts == [0, ALIGNMENT, 2 * ALIGNMENT, 3 * ALIGNMENT]
     assert copied["tied"] is copied["weight"] and copied["transposed"].is_contiguous()
     assert copied["empty"].shape == (0, 4)
+    saved = io.BytesIO()
+    torch.save({"half": copied["half"]}, saved)
+    assert len(saved.getvalue()) < 2_000  # not the whole block
 
 
 def test_the_block_is_reserved_ahead_and_kept_for_smaller_copies() -> None:
