@@ -26,9 +26,15 @@ import os
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
-import pytest
-import torch
-from helpers.families import FAMILY_CONFIGS
+# The compiled parity runs check how torch.compile composes with each engine, not Inductor's CPU
+# kernels: its scalar C++ compiles in about half the time of its vectorized C++ (a clean clone
+# starts with an empty Inductor cache: 33 s instead of 57 s for the three runs). Set before any
+# process, this one or those it starts, reads Inductor's config.
+os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "0")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from helpers.families import FAMILY_CONFIGS  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
