@@ -117,11 +117,8 @@ class BackgroundWriter:
         if self.reserving is not None:
             self.reserving.join()
             self.reserving = None
-        engine, fmt = self.engine, self.engine.checkpoint_format
-        client_state = {**(extra or {}), "step": step, "rng": torch.get_rng_state()}
         identity = Identity(self.policy.run_id, step, self.world_size)
-        state = fmt.take(engine, client_state, identity, model_only)
-        snapshot, ready = self.copier.copy(state)
+        snapshot, ready = self.copier.copy(self._state(identity, extra, model_only))
         self.writing_step = step
         self.thread = threading.Thread(
             target=self._write,
@@ -134,13 +131,17 @@ class BackgroundWriter:
             self.wait()
             barrier()
 
+    def _state(self, identity: Identity, extra: dict | None, model_only: bool = False) -> Any:
+        """What this rank's checkpoint ``identity`` holds (references to the state, not copies)."""
+        client_state = {**(extra or {}), "step": identity.step, "rng": torch.get_rng_state()}
+        return self.engine.checkpoint_format.take(self.engine, client_state, identity, model_only)
+
     def prepare(self) -> None:
         """Reserve the host memory of this rank's checkpoints on a thread while training goes on
         (call once the optimizer holds its state: after the first step). Pinning the copy of a
         large model's state takes seconds, which the first checkpoint would otherwise stop the
         loop for."""
-        identity = Identity(self.policy.run_id, 0, self.world_size)
-        state = self.engine.checkpoint_format.take(self.engine, {}, identity)
+        state = self._state(Identity(self.policy.run_id, 0, self.world_size), None)
         self.reserving = threading.Thread(
             target=self.copier.reserve,
             args=(self.copier.size(state),),

@@ -141,3 +141,38 @@ def test_a_model_only_checkpoint_holds_no_optimizer_state_and_exports(writer, tm
     assert all(torch.equal(exported[key], expected[key]) for key in expected)
     with pytest.raises(ConfigurationError, match="cannot be resumed"):
         resume(writer.engine, tmp_path / "checkpoints", is_main=True)
+
+
+def test_the_host_memory_is_reserved_ahead_and_freed_at_the_end(
+    writer, monkeypatch, tmp_path, tiny_model_dir
+) -> None:
+    """``prepare`` reserves the block of the copies on a thread (here the CPU's tensors stand
+    for a GPU's), ``save`` copies into it without another allocation, the checkpoint holds the
+    step's weights, and ``close`` frees the block."""
+    from tango_fairscale.parallel import host_copy
+    from tango_fairscale.parallel.host_copy import HostCopier
+
+    writer.copier = HostCopier("cpu")
+    allocations = []
+    allocate = host_copy._host_block
+
+    def counted(nbytes, pin):
+        allocations.append(threading.current_thread().name)
+        return allocate(nbytes, pin)
+
+    monkeypatch.setattr(host_copy, "_host_block", counted)
+    writer.prepare()
+    assert writer.reserving is not None
+    writer.save(5, wait=True)
+    assert allocations == ["checkpoint-memory"]  # on prepare's thread, once
+    block = writer.copier._block
+    assert block is not None and block.numel() > 4 * writer.engine.model.num_parameters
+    writer.save(6, wait=True)  # the same size: the same block
+    assert writer.copier._block is block and len(allocations) == 1
+    writer.close()
+    assert writer.copier._block is None
+
+    fresh = build_engine(tiny_model_dir, tmp_path / "fresh")
+    assert resume(fresh, tmp_path / "checkpoints", True)["step"] == 6
+    for name, tensor in weights(fresh).items():
+        assert torch.equal(tensor, weights(writer.engine)[name]), name
