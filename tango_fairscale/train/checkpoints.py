@@ -136,12 +136,12 @@ class BackgroundWriter:
         client_state = {**(extra or {}), "step": identity.step, "rng": torch.get_rng_state()}
         return self.engine.checkpoint_format.take(self.engine, client_state, identity, model_only)
 
-    def prepare(self) -> None:
-        """Reserve the host memory of this rank's checkpoints on a thread while training goes on
-        (call once the optimizer holds its state: after the first step). Pinning the copy of a
-        large model's state takes seconds, which the first checkpoint would otherwise stop the
-        loop for."""
-        state = self._state(Identity(self.policy.run_id, 0, self.world_size), None)
+    def prepare(self, extra: dict | None = None) -> None:
+        """Reserve the host memory of this rank's checkpoints (with ``extra``, as :meth:`save`
+        takes it) on a thread while training goes on; call once the optimizer holds its state:
+        after the first step. Pinning the copy of a large model's state takes seconds, which the
+        first checkpoint would otherwise stop the loop for."""
+        state = self._state(Identity(self.policy.run_id, 0, self.world_size), extra)
         self.reserving = threading.Thread(
             target=self.copier.reserve,
             args=(self.copier.size(state),),

@@ -168,7 +168,7 @@ class TrainingRun:
         else:  # the first step's loss (the first log step's, after a resume) reached the host
             self.clock.lap("first_step")
             self.first_logged = done
-            self.writer.prepare()  # the optimizer's state exists now: its size is known
+            self.writer.prepare(self.checkpoint_extra())  # the optimizer's state exists now
         self.writer.check()
         preempted = any_rank(self.preemption.received, self.engine.device)
         mean_loss, tokens = _reduce_over_ranks(loss, self.throughput.tokens)
@@ -218,9 +218,7 @@ class TrainingRun:
         BackgroundWriter`); ``wait``: until it is committed. The last step's is what a finished
         run keeps: without the optimizer state unless ``runtime.keep_optimizer_state``, and it
         supersedes a write still in flight (abandoned, not waited for)."""
-        extra: dict[str, Any] = {"best_val_metric": self.best}
-        if self.callbacks:
-            extra["callbacks"] = self.callbacks.state_dict()
+        extra = self.checkpoint_extra()
         final = done == self.plan.train_steps
         model_only = final and not self.plan.runtime.keep_optimizer_state
         self.clock.lap("steps")
@@ -229,6 +227,14 @@ class TrainingRun:
         self.clock.lap("checkpoints")
         self.throughput.skip()
         self.bar.skip()
+
+    def checkpoint_extra(self) -> dict[str, Any]:
+        """What a checkpoint keeps besides the engine's state: the best validation metric and
+        the callbacks' state."""
+        extra: dict[str, Any] = {"best_val_metric": self.best}
+        if self.callbacks:
+            extra["callbacks"] = self.callbacks.state_dict()
+        return extra
 
     def finish(self, step: int) -> dict[str, torch.Tensor] | None:
         """The last checkpoint committed, ``post_train_loop``, then the consolidated model for the
