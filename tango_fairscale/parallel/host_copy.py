@@ -21,14 +21,15 @@ ALIGNMENT = 64
 
 class HostCopier:
     """Copies nested state (dicts, lists, tuples of tensors and plain data) into host memory.
-    Tensors on ``device_type`` (CUDA unless a test says otherwise) are copied into views of one
-    block of host memory, pinned for CUDA, that the next copy reuses: allocated once, at its exact
-    size (:meth:`reserve` allocates it ahead, e.g. on a thread while training goes on), where one
-    pinned allocation per tensor would round each up to a power of two and a first checkpoint of
-    billions of parameters would stop the loop to pin them one by one. Other tensors are cloned.
-    Tensors that share storage (tied weights) stay shared in the copy. A ``DTensor`` (FSDP2's
-    shards) is copied as its local shard, wrapped in the same layout (as DCP's own staging does),
-    so that DCP saves the copy as it would the original."""
+    Tensors on ``device_type`` (CUDA unless a test says otherwise) are copied into one block of
+    host memory, pinned for CUDA, that the next copy reuses, each copy a storage of its own over
+    its bytes of the block: allocated once, at its exact size (:meth:`reserve` allocates it ahead,
+    e.g. on a thread while training goes on), where one pinned allocation per tensor would round
+    each up to a power of two and a first checkpoint of billions of parameters would stop the loop
+    to pin them one by one. Other tensors are cloned. Tensors that share storage (tied weights)
+    stay shared in the copy. A ``DTensor`` (FSDP2's shards) is copied as its local shard, wrapped
+    in the same layout (as DCP's own staging does), so that DCP saves the copy as it would the
+    original."""
 
     def __init__(self, device_type: str = "cuda") -> None:
         self.device_type = device_type
@@ -37,13 +38,7 @@ class HostCopier:
 
     def size(self, state: Any) -> int:
         """The bytes of the block that a copy of ``state`` takes."""
-        offset, seen = 0, set()
-        for tensor in _tensors(state):
-            alias = _alias(tensor)
-            if _staged(tensor, self.device_type) and alias not in seen:
-                seen.add(alias)
-                offset = _aligned(offset) + _nbytes(tensor)
-        return offset
+        return self._layout(state)[1]
 
     def reserve(self, nbytes: int) -> None:
         """Make the block hold at least ``nbytes``: a new block (the old one freed) only when it
@@ -61,15 +56,27 @@ class HostCopier:
         """``(copy of state, event)``: the event (``None`` without CUDA tensors) completes when
         every device tensor's copy has; wait on it before reading the copy. The previous copy's
         block is reused: finish with a copy before taking the next."""
-        self.reserve(self.size(state))
+        self._starts, nbytes = self._layout(state)
+        self.reserve(nbytes)
         self._memo: dict[tuple, torch.Tensor] = {}
-        self._offset = 0
         result = self._copy(state)
         event = None
-        if self._offset and self.device_type == "cuda":
+        if nbytes and self.device_type == "cuda":
             event = torch.cuda.Event()
             event.record()
         return result, event
+
+    def _layout(self, state: Any) -> tuple[dict[tuple, int], int]:
+        """Where each staged tensor of ``state`` (by :func:`_alias`) starts in the block, and
+        the bytes they take."""
+        starts: dict[tuple, int] = {}
+        end = 0
+        for tensor in _tensors(state):
+            alias = _alias(tensor)
+            if _staged(tensor, self.device_type) and alias not in starts:
+                starts[alias] = -(-end // ALIGNMENT) * ALIGNMENT
+                end = starts[alias] + _nbytes(tensor)
+        return starts, end
 
     def _copy(self, value: Any) -> Any:
         if isinstance(value, torch.Tensor):
@@ -92,11 +99,10 @@ class HostCopier:
         if not _staged(tensor, self.device_type):
             copied = tensor.clone()
         else:
-            start = _aligned(self._offset)
-            self._offset = start + _nbytes(tensor)
+            start = self._starts[alias]
             # A storage of its own over these bytes of the block (not a view of the block's
             # storage, which torch.save and DCP would write whole with every tensor).
-            part = torch.from_numpy(self._bytes[start : self._offset])
+            part = torch.from_numpy(self._bytes[start : start + _nbytes(tensor)])
             copied = part.view(tensor.dtype).view(tensor.shape).copy_(tensor, non_blocking=True)
         self._memo[alias] = copied
         return copied
@@ -130,10 +136,6 @@ def _alias(tensor: torch.Tensor) -> tuple:
 
 def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
-
-
-def _aligned(offset: int) -> int:
-    return -(-offset // ALIGNMENT) * ALIGNMENT
 
 
 def _host_block(nbytes: int, pin: bool) -> torch.Tensor:

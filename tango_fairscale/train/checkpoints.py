@@ -114,9 +114,7 @@ class BackgroundWriter:
         if supersede:
             self.abandon()
         self.wait()
-        if self.reserving is not None:
-            self.reserving.join()
-            self.reserving = None
+        self._reserved()
         identity = Identity(self.policy.run_id, step, self.world_size)
         snapshot, ready = self.copier.copy(self._state(identity, extra, model_only))
         self.writing_step = step
@@ -155,10 +153,14 @@ class BackgroundWriter:
         try:
             self.wait()
         finally:
-            if self.reserving is not None:
-                self.reserving.join()
-                self.reserving = None
+            self._reserved()
             self.copier.release()
+
+    def _reserved(self) -> None:
+        """Wait for :meth:`prepare`'s thread, if any, to have reserved the host memory."""
+        if self.reserving is not None:
+            self.reserving.join()
+            self.reserving = None
 
     @property
     def busy(self) -> bool:
