@@ -2,7 +2,8 @@
 scoring requests/s and whole-command wall time, measured in the same run.
 
     python benchmarks/lm_eval_speed.py --piqa .gpudata/piqa --tokenizer .gpudata/gpt2-tokenizer \
-        --out results/lm_eval_speed.json [--suites synthetic,piqa] [--tiny]
+        --out results/lm_eval_speed.json [--suites synthetic,piqa] [--tools package,lm-eval] \
+        [--cprofile DIR] [--tiny]
 
 Suites: ``piqa`` — lm-eval's ``piqa`` on the official validation files (3,676 requests);
 ``synthetic`` — >= 50,000 requests in HellaSwag's shape (long contexts, four long endings) and
@@ -17,7 +18,9 @@ the same shape in the same workspace, whose requests come from the cache) and
 model reading it). Scoring requests/s: requests over the time of the tool's own log-likelihood
 pass — the package's ``ScorerLM`` logs it; lm-eval's progress bar reports its rate. Where a
 package command's time goes: each Tango step it ran (from the workspace's step records) and the
-time before the first and after the last.
+time before the first and after the last. With ``--cprofile DIR``, each package command's
+processes run under cProfile (``profile_hook/``): ``DIR/<suite>-<label>/<pid>.prof``, for
+``profile_summary.py`` (their seconds are not figures: the profiler slows Python code).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import random
 import re
 import subprocess
@@ -147,12 +151,14 @@ def task_yamls(tasks: list[str], root: Path, out: Path) -> list[str]:
     return paths
 
 
-def timed(command: list[str], log: Path, timeout: float) -> tuple[float, int, str]:
+def timed(
+    command: list[str], log: Path, timeout: float, env: dict[str, str] | None = None
+) -> tuple[float, int, str]:
     started = time.perf_counter()
     with log.open("w") as file:
         try:
             code = subprocess.run(
-                command, stdout=file, stderr=subprocess.STDOUT, timeout=timeout
+                command, stdout=file, stderr=subprocess.STDOUT, timeout=timeout, env=env
             ).returncode
         except subprocess.TimeoutExpired:
             code = 124
@@ -181,6 +187,14 @@ def step_split(workspace: Path, started: datetime.datetime, wall_s: float) -> di
         },
         "after_steps_s": round(wall_s - (last - started).total_seconds(), 2),
     }
+
+
+def profiled_env(folder: Path) -> dict[str, str]:
+    """The environment that runs a command's Python processes under cProfile, writing
+    ``folder/<pid>.prof`` each (``benchmarks/profile_hook/sitecustomize.py``)."""
+    hook = str(Path(__file__).resolve().parent / "profile_hook")
+    paths = [hook, *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {**os.environ, "BENCH_CPROFILE_DIR": str(folder), "PYTHONPATH": os.pathsep.join(paths)}
 
 
 def ours_rate(output: str) -> float | None:
@@ -244,6 +258,8 @@ def main() -> None:
     parser.add_argument("--tokenizer", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--suites", default="synthetic,piqa", help="in this order")
+    parser.add_argument("--tools", default="package,lm-eval", help="the runs of these tools only")
+    parser.add_argument("--cprofile", type=Path, help="the package's commands under cProfile")
     parser.add_argument("--work", type=Path, default=Path("/tmp/lm_eval_speed"))
     parser.add_argument("--timeout-s", type=float, default=240, help="per command")
     parser.add_argument("--budget-s", type=float, default=1e9, help="all commands: skip the rest")
@@ -279,6 +295,8 @@ def main() -> None:
         total = sum(requests.values())
         commands = {}
         for label, tool, batch, which, flags in RUNS[suite]:
+            if tool not in args.tools.split(","):
+                continue
             model = model_dirs[which]
             if tool == "package" and suite == "piqa":
                 workspace = args.work / suite / "ws"
@@ -308,7 +326,11 @@ def main() -> None:
                 continue
             log = args.work / suite / f"{label}.log"
             started = datetime.datetime.now(datetime.timezone.utc)
-            seconds, code, output = timed(command, log, min(args.timeout_s, left))
+            env = None
+            if args.cprofile is not None and label.startswith("package"):
+                slug = re.sub(r"[^a-z0-9]+", "-", f"{suite} {label}").strip("-")
+                env = profiled_env(args.cprofile / slug)
+            seconds, code, output = timed(command, log, min(args.timeout_s, left), env)
             rate = rate_of(output)
             results.append(
                 {
@@ -326,7 +348,9 @@ def main() -> None:
             print(json.dumps(results[-1]), flush=True)
             _bench.write_json(args.out, report)
     for suite in {r["suite"] for r in results}:
-        report.setdefault("ratios", {})[suite] = ratios([r for r in results if r["suite"] == suite])
+        figures = ratios([r for r in results if r["suite"] == suite])
+        if figures:  # none where one tool ran alone (--tools)
+            report.setdefault("ratios", {})[suite] = figures
     _bench.write_json(args.out, report)
     print(json.dumps(report.get("ratios", {}), indent=1))
 
