@@ -29,6 +29,9 @@ are in :mod:`.fairscale` and :mod:`.transformers`, applied where those libraries
   as its message alone, its traceback kept in the run's log (:mod:`.tango_errors`).
 * Two runs on one local workspace: a step one of them runs is waited for by the other, never run
   twice or failed (:mod:`.tango_locks`).
+* A local workspace's files run no code: step records are unpickled through an allow-list, legacy
+  ``stepinfo.dill`` files refused, a cached result read by its step's own format
+  (:mod:`.tango_workspace`).
 * No ``pkg_resources`` warning before every step, one line per finished progress bar
   (:mod:`.tango_output`).
 * A local run records when its command started, before models were loaded; a finished
@@ -45,7 +48,7 @@ import inspect
 from collections.abc import Iterator
 from typing import Any
 
-from . import tango_errors, tango_locks, tango_output, tango_runs, transformers
+from . import tango_errors, tango_locks, tango_output, tango_runs, tango_workspace, transformers
 
 
 def patch_tango_git_metadata() -> None:
@@ -238,6 +241,8 @@ def patch_tango_step_copies() -> None:
 def apply() -> None:
     tango_errors.patch_tango_error_logging()
     tango_locks.patch_tango_step_locks()
+    tango_workspace.patch_tango_step_records()
+    tango_workspace.patch_tango_cached_results()
     tango_output.apply()
     tango_runs.patch_tango_run_start()
     patch_tango_step_copies()

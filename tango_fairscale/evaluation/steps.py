@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from tango import JsonFormat, Step
+from tango import Step
 from tango.common import Lazy
 from tango.common.exceptions import ConfigurationError
 from tango.common.logging import cli_logger
@@ -17,6 +17,7 @@ from .. import compat  # noqa: F401  (Tango fixes)
 from ..checks import boolean, integer
 from ..model.causal_lm import ModelWrapper, packing_refusal
 from ..parallel.precision import resolve_precision
+from ..tasks.format import JsonDataFormat
 from ..tasks.lm_eval import TaskSpec, load_tasks
 from ..tasks.requests import check_requests, use_requests
 from .call import EvalOptions, GenerationSettings, ModelCall
@@ -89,7 +90,7 @@ class TaskScoresStep(Step[dict]):
     VERSION = "002"  # 002: log-likelihoods summed in float64
     DETERMINISTIC = True
     CACHEABLE = True
-    FORMAT = JsonFormat()
+    FORMAT = JsonDataFormat()
     SKIP_ID_ARGUMENTS = {"batch_size", "max_batch_tokens", "pack_sequences", "requests"}
 
     @classmethod
@@ -186,7 +187,7 @@ class TaskMetricsStep(Step[dict]):
     VERSION = "001"
     DETERMINISTIC = True
     CACHEABLE = True
-    FORMAT = JsonFormat()
+    FORMAT = JsonDataFormat()
 
     def run(self, scores: list[dict]) -> dict:  # type: ignore[override]
         if not isinstance(scores, list) or not scores:

@@ -1,5 +1,6 @@
 """A Tango ``JsonFormat`` result read without Tango: ``data.json`` or ``data.jsonl``, compressed or
-not; a result that encodes dataclasses is left to Tango (:class:`NotPlainJson`)."""
+not, as data only: a ``_dataclass`` entry (which Tango's ``JsonFormat`` turns into a call of the
+class it names, whatever that is) stays a dict."""
 
 from __future__ import annotations
 
@@ -7,17 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["NotPlainJson", "read_json"]
-
-
-class NotPlainJson(Exception):
-    """The JSON encodes dataclasses, which only Tango's JsonFormat rebuilds."""
-
-
-def _dataclass_hook(obj: dict[str, Any]) -> dict[str, Any]:
-    if "_dataclass" in obj:
-        raise NotPlainJson
-    return obj
+__all__ = ["read_json"]
 
 
 def read_json(directory: Path, suffix: str) -> Any:
@@ -26,8 +17,8 @@ def read_json(directory: Path, suffix: str) -> Any:
     path = single if single.exists() or not lines.exists() else lines
     with _open_text(path) as file:
         if path == single:
-            return json.load(file, object_hook=_dataclass_hook)
-        return [json.loads(line, object_hook=_dataclass_hook) for line in file if line.strip()]
+            return json.load(file)
+        return [json.loads(line) for line in file if line.strip()]
 
 
 def _open_text(path: Path) -> Any:

@@ -1,8 +1,9 @@
 """Tango's step infos without Tango: :class:`StepRecord` and the unpickler of ``stepinfo.sqlite``.
 
 The unpickler maps Tango's ``StepInfo`` and its metadata classes to stand-ins that only hold
-attributes, datetimes and paths to their (pure) standard-library types, and refuses every other
-global, so nothing a pickle names is imported or executed.
+attributes (or, for :mod:`tango_fairscale.compat.tango_workspace`, to Tango's own classes),
+datetimes and paths to their (pure) standard-library types, and refuses every other global, so
+nothing a pickle names is imported or executed.
 """
 
 from __future__ import annotations
@@ -12,11 +13,11 @@ import io
 import pathlib
 import pickle
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["RefusedGlobal", "StepRecord", "load_step_info", "record"]
+__all__ = ["ALLOWED_GLOBALS", "RefusedGlobal", "StepRecord", "load_step_info", "record"]
 
 
 @dataclass(frozen=True)
@@ -69,16 +70,17 @@ def _utc() -> dt.tzinfo:
     return dt.timezone.utc
 
 
-_TANGO_CLASSES = (
+#: The classes of ``tango.step_info`` that a pickled ``StepInfo`` names.
+TANGO_CLASSES = (
     "StepInfo",
     "GitMetadata",
     "EnvironmentMetadata",
     "PlatformMetadata",
     "TangoMetadata",
+    "StepState",
 )
-_ALLOWED: dict[tuple[str, str], Callable[..., Any]] = {
-    **{("tango.step_info", name): _stand_in(name) for name in _TANGO_CLASSES},
-    ("tango.step_info", "StepState"): str,
+#: What the unpickler builds for the other globals a pickled ``StepInfo`` names.
+STANDARD_GLOBALS: dict[tuple[str, str], Callable[..., Any]] = {
     ("datetime", "datetime"): dt.datetime,
     ("datetime", "date"): dt.date,
     ("datetime", "timedelta"): dt.timedelta,
@@ -92,6 +94,14 @@ _ALLOWED: dict[tuple[str, str], Callable[..., Any]] = {
     ("collections", "OrderedDict"): OrderedDict,
     **{("builtins", t.__name__): t for t in (set, frozenset, list, dict, tuple, str, int, float)},
 }
+#: Every ``(module, name)`` the unpickler resolves.
+ALLOWED_GLOBALS = frozenset(
+    {("tango.step_info", name) for name in TANGO_CLASSES} | set(STANDARD_GLOBALS)
+)
+_STAND_INS: dict[str, Callable[..., Any]] = {
+    **{name: _stand_in(name) for name in TANGO_CLASSES if name != "StepState"},
+    "StepState": str,
+}
 
 
 class RefusedGlobal(pickle.UnpicklingError):
@@ -99,17 +109,27 @@ class RefusedGlobal(pickle.UnpicklingError):
 
 
 class _StepInfoUnpickler(pickle.Unpickler):
+    def __init__(self, data: bytes, tango_classes: Mapping[str, Callable[..., Any]]) -> None:
+        super().__init__(io.BytesIO(data))
+        self.tango_classes = tango_classes
+
     def find_class(self, module: str, name: str) -> Any:
+        if module == "tango.step_info" and name in self.tango_classes:
+            return self.tango_classes[name]
         try:
-            return _ALLOWED[(module, name)]
+            return STANDARD_GLOBALS[(module, name)]
         except KeyError:
             raise RefusedGlobal(f"{module}.{name}") from None
 
 
-def load_step_info(data: bytes) -> Any:
-    """The stand-in of a pickled ``StepInfo``; :class:`RefusedGlobal` naming a refused global
+def load_step_info(
+    data: bytes, tango_classes: Mapping[str, Callable[..., Any]] | None = None
+) -> Any:
+    """A pickled ``StepInfo``, each of :data:`TANGO_CLASSES` built as ``tango_classes`` maps it
+    (default: stand-ins that only hold attributes; the state a string), the globals of
+    :data:`STANDARD_GLOBALS` as mapped there; :class:`RefusedGlobal` naming any other global
     (``module.name``), or another exception for corrupt data (truncated: ``UnpicklingError``)."""
-    return _StepInfoUnpickler(io.BytesIO(data)).load()
+    return _StepInfoUnpickler(data, _STAND_INS if tango_classes is None else tango_classes).load()
 
 
 def record(name: str, info: Any) -> StepRecord:

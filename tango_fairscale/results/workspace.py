@@ -4,9 +4,11 @@ A local workspace (a directory or ``local://`` URL) is read directly, never writ
 ``runs/<name>/stepinfo.json`` maps the run's step names to unique ids, ``stepinfo.sqlite`` (a
 sqlitedict table) holds each step's pickled ``StepInfo`` -- unpickled with an allow-list that
 builds small stand-ins and refuses every other global, so nothing from the file is executed --
-and a ``JsonFormat`` result is ``cache/<unique id>/data.json`` (``.gz``, ``.bz2`` or ``.xz`` when
-compressed). Other workspace URLs (beaker, gs, wandb, ...), and results in other formats, are read
-through Tango (``Workspace.from_url``), imported only then.
+and a JSON result (Tango's ``JsonFormat``, the package's ``JsonDataFormat``) is
+``cache/<unique id>/data.json`` (``.gz``, ``.bz2`` or ``.xz`` when compressed), read as data only; a
+result in another format is not read (Tango would read it with whatever class its
+``cache-metadata.json`` names). Other workspace URLs (beaker, gs, wandb, ...) are read through
+Tango (``Workspace.from_url``), imported only then.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from .files import NotPlainJson, read_json
+from .files import read_json
 from .step_infos import RefusedGlobal, StepRecord, load_step_info, record
 
 __all__ = ["ResultsError", "RunRecord", "StepRecord", "WorkspaceReader", "open_reader"]
@@ -31,7 +33,7 @@ _LOG = "out.log"
 _STARTED = "started.json"
 _FAILED_LINE = re.compile(r'✗ Step "(?P<name>[^"]+)" failed')
 _TIMESTAMP = re.compile(r"^\[\d\d/\d\d/\d\d \d\d:\d\d:\d\d\]")
-_JSON_FORMATS = {"tango.format.JsonFormat", "json"}
+_JSON_FORMATS = {"tango.format.JsonFormat", "json", "tango_fairscale.tasks.format.JsonDataFormat"}
 _SUFFIXES = {None: "", "none": "", "null": "", "gz": ".gz", "gzip": ".gz", "bz": ".bz2"}
 _SUFFIXES.update({"bz2": ".bz2", "bzip": ".bz2", "bzip2": ".bz2", "lzma": ".xz"})
 # Workspace types that Tango's integrations register when they are imported.
@@ -134,11 +136,10 @@ class LocalReader(WorkspaceReader):
             raise KeyError(step_name) from None
         format_ = metadata.get("format") or {}
         if format_.get("type") in _JSON_FORMATS and format_.get("compress") in _SUFFIXES:
-            try:
-                return read_json(directory, _SUFFIXES[format_.get("compress")])
-            except NotPlainJson:
-                pass
-        return _tango_workspace(self.url).step_result_for_run(run.name, step_name)
+            return read_json(directory, _SUFFIXES[format_.get("compress")])
+        # Another format would be read by Tango with the class the metadata file names (a
+        # pickle, for DillFormat): the results the package reports are JSON.
+        raise ValueError(f"{directory}: a result stored as {format_.get('type')!r}, not JSON")
 
     def step_dirs(self, step: StepRecord) -> list[Path]:
         directory = self._cache / step.unique_id

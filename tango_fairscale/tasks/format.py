@@ -1,6 +1,6 @@
-"""How a data step's ``DatasetDict`` and a task's requests are stored in the workspace: one JSON
-file each, read back as data only (no pickle, no class named by the file: nothing read runs
-code)."""
+"""How the package's steps store their results in the workspace: a data step's ``DatasetDict``, a
+task's requests, and the JSON results of the evaluation steps — one JSON file each, read back as
+data only (no pickle, no class named by the file: nothing read runs code)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from .. import compat  # noqa: F401  (Tango fixes)
 
 DATA_FILE = "dataset_dict.json"
 REQUESTS_FILE = "requests.json"
+#: Tango's ``JsonFormat`` file, which :class:`JsonDataFormat` writes and reads as data.
+JSON_FILE = "data.json"
 
 
 @Format.register("tango_fairscale::dataset_dict")
@@ -81,6 +83,29 @@ class RequestsFormat(Format[dict]):
                 "again"
             )
         return stored
+
+
+@Format.register("tango_fairscale::json")
+class JsonDataFormat(Format[Any]):
+    """Stores a JSON value (an evaluation step's results) as Tango's ``JsonFormat`` stores it
+    uncompressed, in ``data.json``, and reads it back as data only.
+
+    Registered as a Tango ``Format`` under the name ``"tango_fairscale::json"``. Tango's
+    ``JsonFormat`` reads a ``{"_dataclass": [module, name], ...}`` entry by importing ``module``
+    and calling ``name`` with the entry's other keys — ``["os", "system"]`` runs a command —, so a
+    result file planted in a workspace ran code when a later step read it. Here such an entry
+    stays a dict. A result stored by ``JsonFormat`` (the same file) reads the same way. NaN and
+    infinities are written as ``JsonFormat`` writes them (lm-eval reports some metrics as NaN).
+    """
+
+    VERSION = "001"
+
+    def write(self, artifact: Any, dir: PathOrStr) -> None:
+        text = json.dumps(artifact, ensure_ascii=False)  # C's encoder (json.dump: Python's)
+        (Path(dir) / JSON_FILE).write_text(text, encoding="utf-8")
+
+    def read(self, dir: PathOrStr) -> Any:
+        return _read_json(dir, JSON_FILE)
 
 
 def _read_json(dir: PathOrStr, name: str) -> Any:

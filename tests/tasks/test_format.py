@@ -1,5 +1,6 @@
 """``DatasetDictFormat``: a data step's ``DatasetDict`` stored as JSON, read back as data only;
-``RequestsFormat`` (a ``task_requests`` result) likewise.
+``RequestsFormat`` (a ``task_requests`` result) and ``JsonDataFormat`` (the evaluation steps'
+results: Tango's ``JsonFormat`` file) likewise.
 
 * strings kept exactly (unicode, trailing and double spaces), labels, metadata;
 * the PIQA step stores its result in it: one JSON file in the workspace, no pickle;
@@ -16,13 +17,16 @@ from pathlib import Path
 
 import pytest
 from conftest import make_piqa_dir
+from tango import JsonFormat
 from tango.common.dataset_dict import DatasetDict
 from tango.workspaces import LocalWorkspace
 
 from tango_fairscale.tasks.format import (
     DATA_FILE,
+    JSON_FILE,
     REQUESTS_FILE,
     DatasetDictFormat,
+    JsonDataFormat,
     RequestsFormat,
 )
 from tango_fairscale.tasks.piqa import PiqaDataStep
@@ -108,3 +112,19 @@ def test_stored_requests_of_another_shape_are_refused_in_one_line(
         RequestsFormat().read(tmp_path)
     message = str(error.value)
     assert "\n" not in message and str(tmp_path / REQUESTS_FILE) in message, message
+
+
+def test_json_results_are_tangos_file_read_as_data(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    planted, marker = planted_class(tmp_path, monkeypatch, "planted_results")
+    result = {"results": {"piqa": {"acc,none": 0.5, "acc_stderr,none": float("nan")}}, "x": planted}
+    for name, format_ in (("ours", JsonDataFormat()), ("tangos", JsonFormat())):
+        (tmp_path / name).mkdir()
+        format_.write(result, tmp_path / name)
+    ours, tangos = ((tmp_path / name / JSON_FILE).read_text() for name in ("ours", "tangos"))
+    assert json.loads(ours.replace("NaN", "null")) == json.loads(tangos.replace("NaN", "null"))
+    for name in ("ours", "tangos"):  # a result Tango's JsonFormat stored reads the same way
+        read = JsonDataFormat().read(tmp_path / name)
+        assert read["x"] == planted and read["results"]["piqa"]["acc,none"] == 0.5
+    assert not marker.exists() and "planted_results" not in sys.modules
