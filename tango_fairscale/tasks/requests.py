@@ -163,10 +163,13 @@ def _stored_task(name: str, task: Any, limit: int | None) -> dict[str, Any]:
     task_names = set()
     for instance in task.instances:
         task_names.add(instance.task_name)
-        document = documents.setdefault(
-            instance.doc_id,
-            {"doc_id": instance.doc_id, "doc_hash": doc_hash(instance.doc), "requests": []},
-        )
+        if instance.doc_id not in documents:  # each document hashed once, not once a request
+            documents[instance.doc_id] = {
+                "doc_id": instance.doc_id,
+                "doc_hash": doc_hash(instance.doc),
+                "requests": [],
+            }
+        document = documents[instance.doc_id]
         arguments = instance.arguments
         document["requests"].append(
             {
