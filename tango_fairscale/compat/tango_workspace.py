@@ -18,25 +18,33 @@ next ``tango run`` that read it:
 
 from __future__ import annotations
 
+import functools
+import pickle
 from typing import Any
 
 #: Where a refused step record or legacy file leaves the user.
 _AFTER = "nothing in it ran; remove the file (or use another workspace) and run again"
 
 
+@functools.cache
+def _tango_classes() -> dict[str, Any]:
+    """Tango's own classes for the names of ``results.step_infos.TANGO_CLASSES``."""
+    import tango.step_info
+
+    from ..results.step_infos import TANGO_CLASSES
+
+    return {name: getattr(tango.step_info, name) for name in TANGO_CLASSES}
+
+
 def _decode_step_info(data: Any) -> Any:
     """``sqlitedict``'s ``decode`` for ``stepinfo.sqlite``: a ``StepInfo`` through the
     allow-list, or a one-line ``ConfigurationError``."""
-    import pickle
-
-    import tango.step_info
     from tango.common.exceptions import ConfigurationError
 
-    from ..results.step_infos import TANGO_CLASSES, RefusedGlobal, load_step_info
+    from ..results.step_infos import RefusedGlobal, load_step_info
 
-    classes = {name: getattr(tango.step_info, name) for name in TANGO_CLASSES}
     try:
-        return load_step_info(bytes(data), classes)
+        return load_step_info(bytes(data), _tango_classes())
     except RefusedGlobal as error:
         raise ConfigurationError(
             f"the workspace's stepinfo.sqlite holds a step record that names {error}, which is "

@@ -12,7 +12,8 @@ __all__ = ["read_json"]
 
 
 def read_json(directory: Path, suffix: str) -> Any:
-    """What ``JsonFormat.read`` returns (an iterator's items as a list)."""
+    """The stored JSON (an iterator's items as a list): what ``JsonFormat.read`` returns, except
+    that a ``_dataclass`` entry stays a dict."""
     single, lines = directory / f"data.json{suffix}", directory / f"data.jsonl{suffix}"
     path = single if single.exists() or not lines.exists() else lines
     with _open_text(path) as file:
