@@ -4,7 +4,7 @@ and its per-document samples, JSON-safe, and a flat summary of several tasks' re
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tango.common.exceptions import ConfigurationError
@@ -88,16 +88,15 @@ def _bypasses_metrics(loaded: TaskDict) -> bool:
 
 def requests_built_once(loaded: TaskDict) -> TaskDict:
     """``loaded``, its tasks building their lm-eval requests (``Instance`` s: contexts,
-    continuations, few-shot examples) and reading their documents on their first evaluation
-    only: a later evaluation that asks a task for the same requests (the same arguments to
-    ``build_all_requests``) gets the same ``Instance`` s, their answers cleared, and its
-    documents as first read (each a shallow copy). For tasks evaluated again and again
+    continuations, few-shot examples) on their first evaluation only: a later evaluation that
+    asks a task for the same requests (the same arguments to ``build_all_requests``) gets the
+    same ``Instance`` s, their answers cleared (the documents are read once by
+    :func:`~tango_fairscale.tasks.lm_eval.load_tasks`). For tasks evaluated again and again
     (validation during training): the requests equal those lm-eval would build again, as
     :func:`evaluate_task` seeds the few-shot choice the same way every time."""
     for task in loaded["tasks"].values():
         if not getattr(task, "_requests_built_once", False):
             task.build_all_requests = _built_once(task, task.build_all_requests)
-            task.doc_iterator = _documents_read_once(task.doc_iterator)
             task._requests_built_once = True
     return loaded
 
@@ -116,18 +115,6 @@ def _built_once(task: Any, build: Callable[..., None]) -> Callable[..., None]:
         built[:] = [(args, kwargs, list(task.instances))]
 
     return build_all_requests
-
-
-def _documents_read_once(doc_iterator: Callable[..., Any]) -> Callable[..., Any]:
-    read: dict[tuple, list[tuple[int, Any]]] = {}  # a Hugging Face dataset's rows: dicts
-
-    def documents(**kwargs: Any) -> Iterator[tuple[int, Any]]:
-        key = tuple(sorted((name, repr(value)) for name, value in kwargs.items()))
-        if key not in read:
-            read[key] = list(doc_iterator(**kwargs))
-        return ((i, dict(doc) if isinstance(doc, dict) else doc) for i, doc in read[key])
-
-    return documents
 
 
 def _metric_values(sample: Mapping[str, Any]) -> dict[str, Any]:

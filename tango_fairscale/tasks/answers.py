@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..checks import reason
-from .documents import Problem, short
+from .documents import Problem, plain_rows, short
 
 
 class BadAnswer(ValueError):
@@ -63,7 +63,7 @@ def find_problems(task: Any, splits: Mapping[str, Any]) -> list[Problem]:
         docs, failures = process_documents(task.config.process_docs, split, rows)
         problems += failures
         same_rows = docs is not None and len(docs) == len(rows)
-        for position, doc in enumerate(docs if docs is not None else []):
+        for position, doc in enumerate(plain_rows(docs) if docs is not None else []):
             what = check.problem(doc)
             if what is not None:
                 row = position if same_rows else None

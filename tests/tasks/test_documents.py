@@ -16,7 +16,7 @@ import pytest
 from tango.common.dataset_dict import DatasetDict
 from tango.common.exceptions import ConfigurationError
 
-from tango_fairscale.tasks.documents import read_jsonl
+from tango_fairscale.tasks.documents import plain_rows, read_jsonl
 from tango_fairscale.tasks.lm_eval import TaskSpec, load_tasks
 
 from .test_lm_eval import DATA_DIR, FIXTURES, TASKS, LengthLM
@@ -281,3 +281,19 @@ def test_strict_must_be_a_boolean_and_applies_to_local_data(options: dict, fragm
     with pytest.raises(ConfigurationError) as error:
         TaskSpec(name="piqa", **options)
     one_line(error.value, fragment)
+
+
+def test_plain_rows_are_what_iterating_the_dataset_yields() -> None:
+    import datasets
+
+    rows = [
+        {"goal": "a", "sol": ["x", "y"], "meta": {"n": 1, "tags": ["p"]}, "label": 0},
+        {"goal": "b", "sol": ["z"], "meta": {"n": None, "tags": []}, "label": None},
+    ]
+    dataset = datasets.Dataset.from_list(rows)
+    assert plain_rows(dataset) == list(dataset) == rows
+    selected = dataset.select([1])  # an indices mapping over the table
+    assert plain_rows(selected) == list(selected) == rows[1:]
+    formatted = dataset.with_format("numpy")  # not plain: iterated as it is
+    assert [row["goal"] for row in plain_rows(formatted)] == [row["goal"] for row in formatted]
+    assert plain_rows(iter(rows)) == rows
