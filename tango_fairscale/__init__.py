@@ -8,8 +8,9 @@ component to use it from Python (e.g. ``tango_fairscale.train.step``).
 Imported by ``tango run`` (after it evaluates the config, before any step or the workspace), the
 package applies its fixes to Tango (:mod:`tango_fairscale.compat`: among them, an expected error
 printed as its message alone) and checks the command line (:mod:`tango_fairscale.command_line`):
-an unknown ``-D`` name or a read-only workspace is refused in one line before any work; once it
-has succeeded, the process ends without freeing its modules one by one.
+an unknown ``-D`` name or a read-only workspace is refused in one line before any work; its
+garbage collector collects less often (:mod:`tango_fairscale.runtime.collector`); once it has
+succeeded, the process ends without freeing its modules one by one.
 """
 
 import os as _os
@@ -38,3 +39,6 @@ if _invoked_as_tango_run(_sys.argv):
     check_tango_run(_sys.argv[1:])
     # Only here: under a launcher, ``tango_fairscale run`` has work left after Tango's command.
     compat.tango_runs.patch_tango_run_exit()
+    from .runtime.collector import collect_less
+
+    collect_less()

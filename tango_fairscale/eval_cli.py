@@ -199,7 +199,10 @@ def _tango(argv: list[str]) -> int:
     here in one line (:func:`check`)."""
     from tango.__main__ import main as tango_main
 
+    from .runtime.collector import collect_less
+
     check(argv)
+    collect_less()  # as in ``tango run``'s own process
     try:
         tango_main(args=argv, prog_name="tango")
     except SystemExit as done:

@@ -11,6 +11,7 @@ from tango.common.exceptions import ConfigurationError
 
 from ..tasks.lm_eval import TaskDict, TaskSpec, load_tasks
 from ..tasks.requests import fewshot_refusal
+from . import choice_metrics
 
 #: The keys of lm-eval's results JSON that a task's scores keep (besides ``samples``).
 RESULT_KEYS = (
@@ -37,22 +38,29 @@ def evaluate_task(
     """``lm_eval.evaluator.evaluate`` of ``spec``'s tasks (``loaded``: already loaded by
     :func:`~tango_fairscale.tasks.lm_eval.load_tasks`) with ``lm``, seeded as
     ``simple_evaluate`` seeds the few-shot choice; lm-eval's results JSON (:data:`RESULT_KEYS`)
-    with its ``samples`` (:data:`SAMPLE_KEYS`) and, when ``strict: false`` left documents out,
-    ``skipped_documents`` (``{task: count}``); without ``samples``, no ``samples`` (lm-eval
-    then logs none either, unless a task's metrics need them: the results are the same). Call
-    on every rank of a process group when ``lm`` scores on all of them."""
+    with its ``samples`` (:data:`SAMPLE_KEYS`, and each metric's value) and, when ``strict:
+    false`` left documents out, ``skipped_documents`` (``{task: count}``); without ``samples``,
+    no ``samples``. The common multiple-choice metrics are computed in bulk
+    (:mod:`.choice_metrics`), every other through lm-eval's ``process_results``; the samples
+    are recorded here as lm-eval logs them, less the hashes of each document, prompt and target
+    it adds (where a task's metrics need lm-eval's own samples, it logs them). Call on every rank
+    of a process group when ``lm`` scores on all of them."""
     from lm_eval.evaluator import evaluate
+    from lm_eval.evaluator_utils import get_sample_size
 
     loaded = load_tasks(spec) if loaded is None else loaded
-    for task in loaded["tasks"].values():  # evaluate() uses the sampler as it finds it
-        task.set_fewshot_seed(seed=spec.fewshot_seed)
+    lm_eval_logs = _bypasses_metrics(loaded)
+    recorders = {}
+    for name, task in loaded["tasks"].items():
+        task.set_fewshot_seed(seed=spec.fewshot_seed)  # evaluate() uses the sampler as it is
+        recorders[name] = _Recorder(task, get_sample_size(task, spec.limit))
     try:
         output = evaluate(
             lm=lm,
             task_dict=loaded,
             limit=spec.limit,
             bootstrap_iters=bootstrap_iters,
-            log_samples=samples or _bypasses_metrics(loaded),
+            log_samples=lm_eval_logs,
             verbosity="WARNING",
             system_instruction=spec.system_instruction,
             apply_chat_template=spec.apply_chat_template,
@@ -63,20 +71,127 @@ def evaluate_task(
         if refusal is not None:
             raise refusal from None
         raise
+    finally:
+        for recorder in recorders.values():
+            recorder.remove()
     scores = {key: json_safe(output[key]) for key in RESULT_KEYS if key in output}
     if loaded.get("skipped_documents"):  # strict: false left them out
         scores["skipped_documents"] = dict(loaded["skipped_documents"])
-    if not samples:
-        return scores
-    scores["samples"] = {
+    if samples and lm_eval_logs:
+        scores["samples"] = _logged_samples(output)
+    elif samples:
+        scores["samples"] = {name: recorder.samples() for name, recorder in recorders.items()}
+    return scores
+
+
+def _logged_samples(output: Mapping[str, Any]) -> dict[str, Any]:
+    """lm-eval's own logged samples (:data:`SAMPLE_KEYS`, JSON-safe, and each metric's value)."""
+    return {
         task: [
             {key: json_safe(sample[key]) for key in SAMPLE_KEYS if key in sample}
             | _metric_values(sample)
-            for sample in samples
-        ]  # fmt: skip
-        for task, samples in output.get("samples", {}).items()
+            for sample in task_samples
+        ]
+        for task, task_samples in output.get("samples", {}).items()
     }
-    return scores
+
+
+class _Recorder:
+    """Stands in for a task's ``process_results`` during one ``evaluate``, which calls it once per
+    document and filter, in the order of its documents (``doc_iterator`` with ``limit``) for each
+    filter in turn: each document's metrics, from :mod:`.choice_metrics` where it computes them
+    (all documents at the first call), and every call recorded for :meth:`samples`."""
+
+    def __init__(self, task: Any, limit: int | None) -> None:
+        self.task = task
+        self.limit = limit
+        self.calls: list[tuple[Any, dict[str, Any]]] = []  # (document, its metrics)
+        self.bulk: tuple[list[Any], list[dict[str, Any]]] | None = None  # (answers, metrics)
+        self.targets: list[Any] | None = None  # each document's doc_to_target, when computed
+        task.process_results = self
+
+    def remove(self) -> None:
+        if self.task.__dict__.get("process_results") is self:
+            del self.task.process_results
+
+    def __call__(self, doc: Any, results: list[Any]) -> dict[str, Any]:
+        if not self.calls and choice_metrics.computes(self.task):
+            documents = [doc for _, doc in self._documents()]
+            answers = [
+                [request.filtered_resps["none"] for request in requests]
+                for requests in self._requests().values()
+            ]
+            self.targets = [self.task.doc_to_target(doc) for doc in documents]
+            computed = choice_metrics.document_metrics(self.task, documents, answers, self.targets)
+            self.bulk = (answers, computed)
+        position = len(self.calls)
+        if self.bulk is not None and results == self.bulk[0][position]:
+            metrics = self.bulk[1][position]
+        else:  # lm-eval's own code
+            metrics = type(self.task).process_results(self.task, doc, results)
+        self.calls.append((doc, metrics))
+        return metrics
+
+    def _documents(self) -> list[tuple[int, Any]]:
+        return list(self.task.doc_iterator(rank=0, limit=self.limit, world_size=1))
+
+    def _requests(self) -> dict[int, list[Any]]:
+        """Each document's requests (lm-eval's ``Instance`` s) in request order, by document."""
+        by_document: dict[int, list[Any]] = {}
+        for instance in self.task.instances:
+            by_document.setdefault(instance.doc_id, []).append(instance)
+        for requests in by_document.values():
+            requests.sort(key=lambda instance: instance.idx)
+        return by_document
+
+    def samples(self) -> list[dict[str, Any]]:
+        """lm-eval's logged samples of the recorded calls (:data:`SAMPLE_KEYS`, JSON-safe, and
+        each metric's value)."""
+        if not self.calls:
+            return []
+        doc_ids = [doc_id for doc_id, _ in self._documents()]
+        filters = list(self.task.instances[0].filtered_resps)
+        if len(self.calls) != len(doc_ids) * len(filters):
+            raise RuntimeError(
+                f"lm-eval computed {len(self.calls)} metrics for {len(doc_ids)} documents and "
+                f"{len(filters)} filters"
+            )
+        requests = self._requests()
+        targets = self.targets  # the bulk's: one filter, a call per document
+        if targets is None or len(targets) != len(self.calls):
+            targets = [self.task.doc_to_target(doc) for doc, _ in self.calls]
+        samples = []
+        for position, (_, metrics) in enumerate(self.calls):
+            filter_key = filters[position // len(doc_ids)]
+            doc_id = doc_ids[position % len(doc_ids)]
+            mine = requests[doc_id]
+            sample = {
+                "doc_id": doc_id,
+                "target": json_safe(targets[position]),
+                "arguments": [_arguments(request.args) for request in mine],
+                "resps": [[_answer(resp) for resp in request.resps] for request in mine],
+                "filtered_resps": [_answer(request.filtered_resps[filter_key]) for request in mine],
+                "filter": filter_key,
+                "metrics": list(metrics),
+            }
+            samples.append(sample | {name: json_safe(value) for name, value in metrics.items()})
+        return samples
+
+
+def _arguments(arguments: Any) -> Any:
+    """A request's arguments as JSON holds them (two texts, the common case, directly)."""
+    if len(arguments) == 2 and type(arguments[0]) is str and type(arguments[1]) is str:
+        return list(arguments)
+    return json_safe(arguments)
+
+
+def _answer(answer: Any) -> Any:
+    """An answer as JSON holds it (a ``(float, bool)`` log-likelihood answer directly)."""
+    if type(answer) is tuple and len(answer) == 2 and type(answer[1]) is bool:
+        ll = answer[0]
+        if type(ll) is float and math.isfinite(ll):
+            return [ll, answer[1]]
+    return json_safe(answer)
 
 
 def _bypasses_metrics(loaded: TaskDict) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,7 @@ from ..compat.lm_eval import compile_templates_once, label_request_bars
 from ..records.fingerprint import local_fingerprint
 from .answers import BadAnswer, answer_indices, find_problems
 from .builtin import builtin, full_task_manager
-from .documents import LocalDocuments, plain_rows, refusal
+from .documents import LocalDocuments, documents_read_once, refusal
 from .generation import check_generation_task, refuse_code_execution
 from .local_data import data_files, keep_splits, load_local, read_documents, splits_read
 from .local_files import dataset_files, yaml_files
@@ -213,7 +213,7 @@ def load_tasks(spec: TaskSpec, *, training: bool = False) -> TaskDict:
         loaded, skipped = load_local(load, item, documents, splits, spec.label, spec.strict)
         if skipped:
             _report_skipped(spec, skipped)
-        return _documents_read_once(loaded)
+        return documents_read_once(loaded)
     loaded = _load(manager, item, spec)
     for name, task in loaded["tasks"].items():
         splits = splits_read(task.config, task.get_config("num_fewshot"), training)
@@ -221,41 +221,7 @@ def load_tasks(spec: TaskSpec, *, training: bool = False) -> TaskDict:
         problems = find_problems(task, {s: dataset[s] for s in splits if s in dataset})
         if problems:
             raise ConfigurationError(refusal(name, problems[0], None))
-    return _documents_read_once(loaded)
-
-
-class _DocumentsOf:
-    """What lm-eval's ``Task.doc_iterator`` reads of a task: its config, and its scored documents
-    as a list read once."""
-
-    def __init__(self, task: Any) -> None:
-        self.config = task.config
-        self.eval_docs = plain_rows(task.eval_docs)
-
-
-def _documents_read_once(loaded: TaskDict) -> TaskDict:
-    """``loaded``, each task's ``doc_iterator`` (what lm-eval's request building, its metrics and
-    the stored requests' check iterate) going over its scored documents as read the first time
-    (:func:`~.documents.plain_rows`: in bulk), each yielded as a shallow copy as a dataset
-    yields a new dict each time; lm-eval's own ``doc_iterator`` picks them (rank, limit,
-    samples). Reading a ``datasets.Dataset`` row by row took 0.5 s a pass for HellaSwag's 8,000
-    documents on 2 cores, and a scored task was read four times."""
-    for task in loaded["tasks"].values():
-        task.doc_iterator = _reading_once(task)
-    return loaded
-
-
-def _reading_once(task: Any) -> Callable[..., Iterator[tuple[int, Any]]]:
-    iterate = type(task).doc_iterator
-    read: list[_DocumentsOf] = []
-
-    def doc_iterator(**kwargs: Any) -> Iterator[tuple[int, Any]]:
-        if not read:
-            read.append(_DocumentsOf(task))
-        for doc_id, doc in iterate(read[0], **kwargs):
-            yield doc_id, dict(doc) if isinstance(doc, dict) else doc
-
-    return doc_iterator
+    return documents_read_once(loaded)
 
 
 def _load(manager: Any, item: Any, spec: TaskSpec) -> TaskDict:

@@ -18,7 +18,7 @@ from tango_fairscale.evaluation.call import EvalOptions, ModelCall
 from tango_fairscale.evaluation.evaluator import Evaluator
 from tango_fairscale.evaluation.harness import merge, requests_built_once, summary
 from tango_fairscale.model.causal_lm import ModelWrapper
-from tango_fairscale.tasks import lm_eval as lm_eval_tasks
+from tango_fairscale.tasks import documents as task_documents
 from tango_fairscale.tasks.lm_eval import TaskSpec, load_tasks
 from tango_fairscale.train.validation import validate
 
@@ -85,7 +85,7 @@ def test_requests_documents_and_queries_are_built_by_the_first_validation_only(
         counted("requests", ConfigurableTask.construct_requests),
     )
     monkeypatch.setattr(  # a task's documents read (load_tasks reads them once, in bulk)
-        lm_eval_tasks, "plain_rows", counted("documents", lm_eval_tasks.plain_rows)
+        task_documents, "plain_rows", counted("documents", task_documents.plain_rows)
     )
     monkeypatch.setattr(
         lm_module,
