@@ -3,6 +3,7 @@ here, or on the processes of an external launcher (torchrun, SLURM), which join 
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 import torch
@@ -40,9 +41,9 @@ def run_training(plan: TrainPlan) -> dict[str, torch.Tensor] | None:
     launch = launcher.current()
     if launch is not None:
         job = launch.publish(plan.config.work_dir, plan)
-        return train_worker(launch.rank, plan, launch.job_store(job))
+        return _engine_freed(train_worker(launch.rank, plan, launch.job_store(job)))
     if plan.config.world_size == 1:
-        return train_worker(0, plan)
+        return _engine_freed(train_worker(0, plan))
     try:
         with hosted_store(plan.config):
             run_workers(
@@ -56,6 +57,15 @@ def run_training(plan: TrainPlan) -> dict[str, torch.Tensor] | None:
         raise TrainingStopped(f"{error}{_hint(error, plan)}") from error  # the log keeps
         # the worker's traceback
     return None
+
+
+def _engine_freed(trained: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor] | None:
+    """``trained``, once the engine this process trained with is collected: its wrapper's hooks
+    hold it in reference cycles (FairScale's flat parameter on the device, say), which this
+    process, going on to score the trained model, collects rarely (:mod:`~tango_fairscale.
+    runtime.collector`)."""
+    gc.collect()
+    return trained
 
 
 def _hint(error: WorkerFailed, plan: TrainPlan) -> str:
