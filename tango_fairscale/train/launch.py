@@ -3,7 +3,6 @@ here, or on the processes of an external launcher (torchrun, SLURM), which join 
 
 from __future__ import annotations
 
-import gc
 from typing import Any
 
 import torch
@@ -14,6 +13,7 @@ from ..model.loading import MODEL_CODE
 from ..parallel.fsdp2 import FSDP2_CODE, FSDP2Engine
 from ..records.checkpoints import run_id
 from ..runtime import launcher
+from ..runtime.collector import collect_cycles
 from ..runtime.process_group import hosted_store
 from ..runtime.spawn import WorkerFailed, run_workers
 from .checkpoints import TrainingStopped, resume_hint
@@ -61,10 +61,9 @@ def run_training(plan: TrainPlan) -> dict[str, torch.Tensor] | None:
 
 def _engine_freed(trained: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor] | None:
     """``trained``, once the engine this process trained with is collected: its wrapper's hooks
-    hold it in reference cycles (FairScale's flat parameter on the device, say), which this
-    process, going on to score the trained model, collects rarely (:mod:`~tango_fairscale.
-    runtime.collector`)."""
-    gc.collect()
+    hold it in reference cycles (FairScale's flat parameter on the device, say), which a
+    ``tango run`` process, going on to score the trained model, collects rarely."""
+    collect_cycles()
     return trained
 
 
