@@ -11,10 +11,24 @@ from __future__ import annotations
 
 from typing import Any
 
-#: The target configuration's peak memory at most this fraction of the comparison
-#: configuration's, and its throughput at least this multiple, at the same batch.
+#: A target configuration's peak memory at most this fraction of the comparison
+#: configuration's, and its throughput at least this multiple, at the same batch, unless
+#: ``--target`` gives its own (``CONFIG:THROUGHPUT:MEMORY``).
 TARGET_MEMORY_RATIO = 1 / 3
 TARGET_THROUGHPUT_RATIO = 1.0
+
+
+def parse_targets(text: str | None) -> list[tuple[str, float, float]]:
+    """``--target``'s comma-separated ``CONFIG[:THROUGHPUT:MEMORY]`` entries as (config,
+    throughput floor, memory ceiling), the defaults where an entry gives a config alone."""
+    targets = []
+    for entry in filter(None, (text or "").split(",")):
+        config, *bounds = entry.split(":")
+        if bounds and len(bounds) != 2:
+            raise ValueError(f"--target {entry!r}: give CONFIG or CONFIG:THROUGHPUT:MEMORY")
+        throughput, memory = map(float, bounds) if bounds else (1.0, TARGET_MEMORY_RATIO)
+        targets.append((config, throughput, memory))
+    return targets
 
 
 def baseline_for(row: dict[str, Any], rows: list[dict[str, Any]], preference: list[str]) -> Any:
@@ -76,44 +90,55 @@ def ratio(row: dict[str, Any], base: dict[str, Any], key: str) -> float | None:
 
 
 def target_checks(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """``--target`` against ``--compare-to``, per shape and world size."""
+    """Each ``--target`` against ``--compare-to``, per shape and world size."""
     settings = report["settings"]
-    target, compare_to = settings.get("target"), settings.get("compare_to")
-    if not target or not compare_to:
+    compare_to = settings.get("compare_to")
+    if not compare_to:
         return []
     checks = []
-    for row in report["results"]:
-        if row["config"] != target:
-            continue
-        base = same_group(row, report["results"], compare_to)
-        check: dict[str, Any] = {
-            "world_size": row["world_size"],
-            "shape": row["shape"],
-            "batch_size": row["batch_size"],
-            "target": target,
-            "compare_to": compare_to,
-        }
-        if "error" in row or base is None:
-            check["status"] = (
-                f"{target}: {row['error']}" if "error" in row else f"{compare_to} not measured"
-            )
-            checks.append(check)
-            continue
-        memory = row.get("peak_allocated_vs_compare")
-        throughput = row.get("tokens_per_s_vs_compare")
-        check.update(
-            peak_allocated_gib=row.get("peak_allocated_gib"),
-            compare_peak_allocated_gib=base.get("peak_allocated_gib"),
-            peak_allocated_ratio=memory,
-            peak_reserved_ratio=row.get("peak_reserved_vs_compare"),
-            tokens_per_s_per_gpu=row["tokens_per_s_per_gpu"],
-            compare_tokens_per_s_per_gpu=base["tokens_per_s_per_gpu"],
-            tokens_per_s_ratio=throughput,
-            memory_target=round(TARGET_MEMORY_RATIO, 4),
-            throughput_target=TARGET_THROUGHPUT_RATIO,
-            memory_met=None if memory is None else memory <= TARGET_MEMORY_RATIO,
-            throughput_met=None if throughput is None else throughput >= TARGET_THROUGHPUT_RATIO,
-        )
-        check["status"] = "measured"
-        checks.append(check)
+    for target, throughput_target, memory_target in parse_targets(settings.get("target")):
+        for row in report["results"]:
+            if row["config"] == target:
+                checks.append(
+                    _check(row, report["results"], compare_to, throughput_target, memory_target)
+                )
     return checks
+
+
+def _check(
+    row: dict[str, Any],
+    rows: list[dict[str, Any]],
+    compare_to: str,
+    throughput_target: float,
+    memory_target: float,
+) -> dict[str, Any]:
+    base = same_group(row, rows, compare_to)
+    check: dict[str, Any] = {
+        "world_size": row["world_size"],
+        "shape": row["shape"],
+        "batch_size": row["batch_size"],
+        "target": row["config"],
+        "compare_to": compare_to,
+        "memory_target": round(memory_target, 4),
+        "throughput_target": throughput_target,
+    }
+    if "error" in row or base is None:
+        check["status"] = (
+            f"{row['config']}: {row['error']}" if "error" in row else f"{compare_to} not measured"
+        )
+        return check
+    memory = row.get("peak_allocated_vs_compare")
+    throughput = row.get("tokens_per_s_vs_compare")
+    check.update(
+        peak_allocated_gib=row.get("peak_allocated_gib"),
+        compare_peak_allocated_gib=base.get("peak_allocated_gib"),
+        peak_allocated_ratio=memory,
+        peak_reserved_ratio=row.get("peak_reserved_vs_compare"),
+        tokens_per_s_per_gpu=row["tokens_per_s_per_gpu"],
+        compare_tokens_per_s_per_gpu=base["tokens_per_s_per_gpu"],
+        tokens_per_s_ratio=throughput,
+        memory_met=None if memory is None else memory <= memory_target,
+        throughput_met=None if throughput is None else throughput >= throughput_target,
+        status="measured",
+    )
+    return check

@@ -169,6 +169,7 @@ def summarize(
         setup_s=main["setup_s"],
         init_device=main["init_device"],
         fsdp_units=main["fsdp_units"],
+        graphed_lengths=main.get("graphed_lengths", []),
         grad_scale_final=main.get("grad_scale_final"),
         devices=[d for r in ranks for d in r.get("devices") or []],
     )

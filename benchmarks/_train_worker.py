@@ -101,6 +101,8 @@ def measure(rank: int, spec: dict[str, Any], result_dir: Path) -> dict[str, Any]
         "setup_s": round(setup_s, 2),
         "init_device": "cuda" if init_on_device else "cpu",
         "fsdp_units": fairscale_units(engine) if spec["engine"] == "fairscale" else None,
+        # Step lengths replayed from CUDA graphs (none: eager steps).
+        "graphed_lengths": sorted(engine.graphs.graphs) if engine.graphs is not None else [],
         "device": str(device),
         "devices": [str(d) for d in devices],
     }
@@ -211,7 +213,11 @@ def synthetic_batch(spec: dict[str, Any], rank: int) -> Callable[[int], Batch]:
 def timed_steps(
     engine: Any, batch_for: Callable[[int], Batch], n_steps: int, sync: Callable[[], None]
 ) -> tuple[list[float], list[float], dict[str, list[int]]]:
-    """Wall time, loss and token counts of each step (building the batch is part of the step)."""
+    """Wall time, loss and token counts of each step (building the batch is part of the step),
+    each step's passes as the training loop runs them (``train.loop.forward_backward``: replayed
+    from CUDA graphs where the engine has them, packed batches on one GPU)."""
+    from tango_fairscale.train.loop import forward_backward
+
     engine.model.train()
     times: list[float] = []
     losses = []
@@ -220,8 +226,7 @@ def timed_steps(
         sync()
         begin = time.perf_counter()
         batch = batch_for(step)
-        loss, _ = engine.forward_train(batch, 0, 1)
-        engine.backward(loss)
+        loss, _ = forward_backward(engine, [batch])
         engine.step()
         sync()
         times.append(time.perf_counter() - begin)

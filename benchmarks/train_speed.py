@@ -128,7 +128,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--target",
         default="fairscale-bf16-ckpt",
-        help="check this config against --compare-to: memory <= 1/3, throughput >= 1x",
+        help="check these configs against --compare-to (comma-separated CONFIG or "
+        "CONFIG:THROUGHPUT:MEMORY; a config alone: throughput >= 1x, memory <= 1/3)",
     )
     parser.add_argument(
         "--start-method",
@@ -184,6 +185,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if not args.piqa.is_dir() and shared.is_dir():
             args.piqa = shared
     args.batch_size = args.batch_size or DEFAULT_BATCH
+    try:
+        _train_compare.parse_targets(args.target)
+    except ValueError as error:
+        parser.error(str(error))
     if args.data == "piqa" and not (args.piqa / "train.jsonl").is_file():
         raise SystemExit(f"--piqa {args.piqa} holds no train.jsonl (official PIQA files)")
     return args
