@@ -90,6 +90,11 @@ class GraphedSteps:
         self.loss = torch.zeros((), device=self.device)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, dict[str, torch.Tensor]]] = {}
         self.stream = torch.cuda.Stream(self.device)
+        # Every length's graph allocates from this one pool: a graph's intermediates are dead
+        # once its replay ends (its inputs, its loss and the gradients are tensors allocated
+        # before any capture), and replays never overlap, so the lengths share the largest
+        # graph's memory instead of holding their sum.
+        self.pool = torch.cuda.graph_pool_handle()
 
     @staticmethod
     def takes(batches: list[dict[str, Any]], keep_outputs: bool) -> bool:
@@ -136,7 +141,9 @@ class GraphedSteps:
         graph = torch.cuda.CUDAGraph()
         # Threads of the checkpoint writer call CUDA meanwhile (pinning host memory, waiting
         # for a copy): only this thread's calls must not interrupt the capture.
-        with torch.cuda.graph(graph, stream=self.stream, capture_error_mode="thread_local"):
+        with torch.cuda.graph(
+            graph, pool=self.pool, stream=self.stream, capture_error_mode="thread_local"
+        ):
             self._pass(inputs)
         with torch.no_grad():
             for parameter in self.parameters:
