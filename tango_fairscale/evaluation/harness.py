@@ -125,8 +125,9 @@ class _Recorder:
             computed = choice_metrics.document_metrics(self.task, documents, answers, self.targets)
             self.bulk = (answers, computed)
         position = len(self.calls)
-        if self.bulk is not None and results == self.bulk[0][position]:
-            metrics = self.bulk[1][position]
+        bulk = self.bulk
+        if bulk is not None and position < len(bulk[0]) and results == bulk[0][position]:
+            metrics = bulk[1][position]
         else:  # lm-eval's own code
             metrics = type(self.task).process_results(self.task, doc, results)
         self.calls.append((doc, metrics))
@@ -149,12 +150,17 @@ class _Recorder:
         each metric's value)."""
         if not self.calls:
             return []
-        doc_ids = [doc_id for doc_id, _ in self._documents()]
+        documents = self._documents()
+        doc_ids = [doc_id for doc_id, _ in documents]
         filters = list(self.task.instances[0].filtered_resps)
-        if len(self.calls) != len(doc_ids) * len(filters):
+        in_order = len(self.calls) == len(doc_ids) * len(filters) and all(
+            doc == documents[position % len(documents)][1]
+            for position, (doc, _) in enumerate(self.calls)
+        )
+        if not in_order:  # the order this stand-in reads the calls in is not lm-eval's
             raise RuntimeError(
                 f"lm-eval computed {len(self.calls)} metrics for {len(doc_ids)} documents and "
-                f"{len(filters)} filters"
+                f"{len(filters)} filters, not one a document and filter in order"
             )
         requests = self._requests()
         targets = self.targets  # the bulk's: one filter, a call per document
