@@ -22,7 +22,7 @@ from ..compat.lm_eval import compile_templates_once, label_request_bars
 from ..records.fingerprint import local_fingerprint
 from .answers import BadAnswer, answer_indices, find_problems
 from .builtin import builtin, full_task_manager
-from .documents import LocalDocuments, documents_read_once, refusal
+from .documents import LocalDocuments, documents_read_once, plain_rows, refusal
 from .generation import check_generation_task, refuse_code_execution
 from .local_data import data_files, keep_splits, load_local, read_documents, splits_read
 from .local_files import dataset_files, yaml_files
@@ -335,7 +335,7 @@ def training_pairs(task: Any, name: str) -> list[tuple[str, str]]:
         )
     num_fewshot = task.get_config("num_fewshot") or 0
     pairs = []
-    for doc_id, doc in enumerate(task.training_docs()):
+    for doc_id, doc in enumerate(plain_rows(task.training_docs())):
         context = task.fewshot_context(doc, num_fewshot)
         requests = task.construct_requests(doc=doc, ctx=context, metadata=(name, doc_id, 1))
         try:
