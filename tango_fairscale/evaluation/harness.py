@@ -108,14 +108,21 @@ class _Recorder:
         self.calls: list[tuple[Any, dict[str, Any]]] = []  # (document, its metrics)
         self.bulk: tuple[list[Any], list[dict[str, Any]]] | None = None  # (answers, metrics)
         self.targets: list[Any] | None = None  # each document's doc_to_target, when computed
+        self.original = task.process_results  # lm-eval's own (or one set on the task)
+        self.set_on_task = "process_results" in task.__dict__
         task.process_results = self
 
     def remove(self) -> None:
-        if self.task.__dict__.get("process_results") is self:
+        """Give the task back the ``process_results`` it had."""
+        if self.task.__dict__.get("process_results") is not self:
+            return
+        if self.set_on_task:
+            self.task.process_results = self.original
+        else:
             del self.task.process_results
 
     def __call__(self, doc: Any, results: list[Any]) -> dict[str, Any]:
-        if not self.calls and choice_metrics.computes(self.task):
+        if not self.calls and not self.set_on_task and choice_metrics.computes(self.task):
             documents = [doc for _, doc in self._documents()]
             answers = [
                 [request.filtered_resps["none"] for request in requests]
@@ -129,7 +136,7 @@ class _Recorder:
         if bulk is not None and position < len(bulk[0]) and results == bulk[0][position]:
             metrics = bulk[1][position]
         else:  # lm-eval's own code
-            metrics = type(self.task).process_results(self.task, doc, results)
+            metrics = self.original(doc, results)
         self.calls.append((doc, metrics))
         return metrics
 

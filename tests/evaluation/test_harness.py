@@ -1,4 +1,5 @@
-"""``evaluation/harness.py``'s conversion of lm-eval's output to JSON's types."""
+"""``evaluation/harness.py``: lm-eval's output made JSON's types, and a task's own
+``process_results`` used and given back by an evaluation."""
 
 from __future__ import annotations
 
@@ -29,3 +30,29 @@ def test_json_safe_makes_lm_evals_values_jsons() -> None:
     assert safe["flag"] is False and safe["other"] == str(object)
     assert json.loads(json.dumps(safe, allow_nan=False)) == safe
     assert not any(isinstance(v, float) and math.isnan(v) for v in safe.values())
+
+
+def test_an_evaluation_gives_each_task_back_its_own_process_results() -> None:
+    from conftest import REPO_ROOT
+    from tasks.test_lm_eval import LengthLM
+
+    from tango_fairscale.evaluation.harness import evaluate_task
+    from tango_fairscale.tasks.lm_eval import TaskSpec, load_tasks
+
+    spec = TaskSpec(name="copa", data_dir=str(REPO_ROOT / "tests/fixtures/tasks/copa"), limit=4)
+    loaded = load_tasks(spec)
+    (task,) = loaded["tasks"].values()
+    calls = []
+    own = task.process_results
+
+    def counted(doc, results):  # set on the task itself, as a user might
+        calls.append(doc)
+        return own(doc, results)
+
+    task.process_results = counted
+    scores = evaluate_task(LengthLM(), spec, loaded)
+    assert task.process_results is counted and len(calls) == 4  # used, then given back
+    assert [sample["doc_id"] for sample in scores["samples"]["copa"]] == [0, 1, 2, 3]
+    del task.process_results
+    evaluate_task(LengthLM(), spec, loaded)
+    assert "process_results" not in task.__dict__  # the class's again
