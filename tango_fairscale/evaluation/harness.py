@@ -3,6 +3,7 @@ and its per-document samples, JSON-safe, and a flat summary of several tasks' re
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -123,10 +124,10 @@ class _Recorder:
 
     def __call__(self, doc: Any, results: list[Any]) -> dict[str, Any]:
         if not self.calls and not self.set_on_task and choice_metrics.computes(self.task):
-            documents = [doc for _, doc in self._documents()]
+            documents = [doc for _, doc in self.documents]
             answers = [
                 [request.filtered_resps["none"] for request in requests]
-                for requests in self._requests().values()
+                for requests in self.requests.values()
             ]
             self.targets = [self.task.doc_to_target(doc) for doc in documents]
             computed = choice_metrics.document_metrics(self.task, documents, answers, self.targets)
@@ -140,11 +141,15 @@ class _Recorder:
         self.calls.append((doc, metrics))
         return metrics
 
-    def _documents(self) -> list[tuple[int, Any]]:
+    @functools.cached_property
+    def documents(self) -> list[tuple[int, Any]]:
+        """The task's ``(doc_id, document)`` in the order ``evaluate`` goes over them."""
         return list(self.task.doc_iterator(rank=0, limit=self.limit, world_size=1))
 
-    def _requests(self) -> dict[int, list[Any]]:
-        """Each document's requests (lm-eval's ``Instance`` s) in request order, by document."""
+    @functools.cached_property
+    def requests(self) -> dict[int, list[Any]]:
+        """Each document's requests (lm-eval's ``Instance`` s) in request order, by document
+        (read once the requests are answered)."""
         by_document: dict[int, list[Any]] = {}
         for instance in self.task.instances:
             by_document.setdefault(instance.doc_id, []).append(instance)
@@ -157,7 +162,7 @@ class _Recorder:
         each metric's value)."""
         if not self.calls:
             return []
-        documents = self._documents()
+        documents = self.documents
         doc_ids = [doc_id for doc_id, _ in documents]
         filters = list(self.task.instances[0].filtered_resps)
         in_order = len(self.calls) == len(doc_ids) * len(filters) and all(
@@ -169,7 +174,7 @@ class _Recorder:
                 f"lm-eval computed {len(self.calls)} metrics for {len(doc_ids)} documents and "
                 f"{len(filters)} filters, not one a document and filter in order"
             )
-        requests = self._requests()
+        requests = self.requests
         targets = self.targets  # the bulk's: one filter, a call per document
         if targets is None or len(targets) != len(self.calls):
             targets = [self.task.doc_to_target(doc) for doc, _ in self.calls]
@@ -181,30 +186,16 @@ class _Recorder:
             sample = {
                 "doc_id": doc_id,
                 "target": json_safe(targets[position]),
-                "arguments": [_arguments(request.args) for request in mine],
-                "resps": [[_answer(resp) for resp in request.resps] for request in mine],
-                "filtered_resps": [_answer(request.filtered_resps[filter_key]) for request in mine],
+                "arguments": [json_safe(request.args) for request in mine],
+                "resps": [json_safe(request.resps) for request in mine],
+                "filtered_resps": [
+                    json_safe(request.filtered_resps[filter_key]) for request in mine
+                ],
                 "filter": filter_key,
                 "metrics": list(metrics),
             }
             samples.append(sample | {name: json_safe(value) for name, value in metrics.items()})
         return samples
-
-
-def _arguments(arguments: Any) -> Any:
-    """A request's arguments as JSON holds them (two texts, the common case, directly)."""
-    if len(arguments) == 2 and type(arguments[0]) is str and type(arguments[1]) is str:
-        return list(arguments)
-    return json_safe(arguments)
-
-
-def _answer(answer: Any) -> Any:
-    """An answer as JSON holds it (a ``(float, bool)`` log-likelihood answer directly)."""
-    if type(answer) is tuple and len(answer) == 2 and type(answer[1]) is bool:
-        ll = answer[0]
-        if type(ll) is float and math.isfinite(ll):
-            return [ll, answer[1]]
-    return json_safe(answer)
 
 
 def _bypasses_metrics(loaded: TaskDict) -> bool:
