@@ -14,7 +14,8 @@
 # BENCH_COMMIT (the commit measured, when the copy has no .git), BENCH_PROFILE=1 (torch-train:
 # each command's main process under cProfile, the top functions in SUITE/profile/; its rates are
 # not figures), BENCH_TINY=1 (CPU smoke test: --tiny sizes, GPU counts not checked),
-# BENCH_SKIP_INSTALL=1, PYTHON.
+# BENCH_SKIP_INSTALL=1, PYTHON, LM_EVAL_SUITES (the lm-eval suite's own suites, in this order:
+# piqa,synthetic measures the PIQA command first; default synthetic,piqa).
 #
 # Suites (name | GPUs | nominal seconds | the figure it produces); `gpu.sh --list` and
 # benchmarks/index.py read these lines:
@@ -225,7 +226,8 @@ suite_pipe() {  # one process, the stages on every visible GPU, against ddp-bf16
 
 suite_lm_eval() {  # lm_eval_speed.json: requests/s and command seconds of each tool and setting
   step "$BUDGET" "$PY" benchmarks/lm_eval_speed.py "${TINY[@]}" --piqa "$PIQA" --tokenizer "$TOK" \
-    --timeout-s 150 --budget-s $(( BUDGET - 25 )) --out "$DIR/lm_eval_speed.json"
+    ${LM_EVAL_SUITES:+--suites "$LM_EVAL_SUITES"} --timeout-s 150 --budget-s $(( BUDGET - 25 )) \
+    --out "$DIR/lm_eval_speed.json"
   [ "$DRY_RUN" = 1 ] || grep '^{' "$DIR/log.txt" | tee -a "$LOG"
 }
 
