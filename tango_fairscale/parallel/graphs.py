@@ -10,8 +10,9 @@ padded up to a multiple of :data:`BUCKET_TOKENS` (the main job's 2,000 steps mee
 loss, the mean over queries of each query's mean token nll, is computed over every position with
 per-token weights (0 for contexts and padding) instead of picking the scored positions, whose
 count the host would read. The graph holds the forward and the backward into gradient tensors
-that stay allocated; clipping and the optimizer step run after it as usual (a fused AdamW is one
-launch). Each length is captured the first time a step meets it, after a few warm-up passes on a
+that stay allocated and accumulate (a step of several micro-batches replays one graph each, its
+gradients zeroed first); clipping and the optimizer step run after it as usual (a fused AdamW is
+one launch). Each length is captured the first time a step meets it, after a few warm-up passes on a
 side stream; dropout draws from the graph-safe CUDA generator.
 """
 
@@ -98,27 +99,33 @@ class GraphedSteps:
 
     @staticmethod
     def takes(batches: list[dict[str, Any]], keep_outputs: bool) -> bool:
-        """Whether a step of ``batches`` can be replayed: one packed micro-batch, and only its
+        """Whether a step of ``batches`` can be replayed: packed micro-batches, and only the
         loss wanted (callbacks that read a step's outputs get eager steps)."""
-        return len(batches) == 1 and "query_ids" in batches[0] and not keep_outputs
+        return all("query_ids" in batch for batch in batches) and not keep_outputs
 
-    def forward_backward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Run ``batch``'s forward and backward (the gradients overwritten, not accumulated);
-        its loss, in a tensor the next call overwrites (copy it out before)."""
-        host = static_batch(batch, self.model.pad_token_id)
-        length = host["input_ids"].shape[1]
-        if length not in self.graphs:
-            self.graphs[length] = self._capture(host)
-        graph, inputs = self.graphs[length]
-        for key, value in host.items():
-            inputs[key].copy_(value, non_blocking=True)
-        graph.replay()
-        return self.loss
+    def forward_backward(self, batches: list[dict[str, torch.Tensor]]) -> torch.Tensor:
+        """One step's forward and backward over its micro-batches, as the eager loop runs them:
+        the gradients zeroed, then each micro-batch's (its loss divided by their number)
+        accumulated; the step's loss, a new tensor. A length met for the first time is captured
+        before the step's first replay, so that no capture disturbs accumulated gradients."""
+        hosts = [static_batch(batch, self.model.pad_token_id) for batch in batches]
+        for host in hosts:
+            host["token_weights"] /= len(batches)
+            length = host["input_ids"].shape[1]
+            if length not in self.graphs:
+                self.graphs[length] = self._capture(host)
+        torch._foreach_zero_([p.grad for p in self.parameters if p.grad is not None])
+        step_loss = torch.zeros((), device=self.device)
+        for host in hosts:
+            graph, inputs = self.graphs[host["input_ids"].shape[1]]
+            for key, value in host.items():
+                inputs[key].copy_(value, non_blocking=True)
+            graph.replay()
+            step_loss += self.loss
+        return step_loss
 
     def _pass(self, inputs: dict[str, torch.Tensor]) -> None:
-        for parameter in self.parameters:
-            assert parameter.grad is not None
-            parameter.grad.zero_()
+        """Forward and backward, the gradients accumulated into (a graph zeroes none)."""
         with self.precision.forward_context(self.device, cache_weights=False):
             loss = static_loss(self.model, inputs)
         loss.backward()
@@ -128,7 +135,7 @@ class GraphedSteps:
         self, host: dict[str, torch.Tensor]
     ) -> tuple[torch.cuda.CUDAGraph, dict[str, torch.Tensor]]:
         """The graph of one length, its input tensors filled with ``host``; the gradients are
-        left zero (the warm-up passes' are cleared)."""
+        left zero (the warm-up passes' and the capture's are cleared)."""
         inputs = {key: value.to(self.device) for key, value in host.items()}
         for parameter in self.parameters:
             if parameter.grad is None:  # allocated outside any graph's pool, kept

@@ -117,7 +117,7 @@ def forward_backward(
     ``keep_outputs``, each micro-batch's outputs. Replayed from a CUDA graph where the engine
     has them (:mod:`~tango_fairscale.parallel.graphs`) and the step can be."""
     if engine.graphs is not None and engine.graphs.takes(batches, keep_outputs):
-        return engine.graphs.forward_backward(batches[0]).clone(), []
+        return engine.graphs.forward_backward(batches), []
     step_loss = torch.zeros((), device=engine.device)
     outputs = []
     for index, batch in enumerate(batches):
