@@ -103,6 +103,28 @@ def scored_row_nll(
     return row_mean_nll, row_nll, num_tokens, row_greedy
 
 
+def weighted_nll_sum(
+    head: torch.nn.Module,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    token_weights: torch.Tensor,
+    transform: LogitTransform = IDENTITY,
+) -> torch.Tensor:
+    """``sum(token_weights * nll)`` over every position of ``hidden`` ``(N, H)`` against
+    ``targets`` ``(N,)`` (``-100`` where the weight is 0), through :class:`_ScoredCrossEntropy`:
+    static shapes and no host reads (a CUDA graph can hold it), gradients computed in the
+    forward, so no logits are kept for the backward."""
+    weight, bias = aligned_projection(head)
+    tokens = ScoredTokens(
+        torch.where(targets == IGNORE_INDEX, 0, targets),  # weighs 0 there: any target serves
+        token_weights,
+        torch.zeros_like(targets),  # one row: the sum
+        1,
+    )
+    total, _ = _ScoredCrossEntropy.apply(hidden, weight, bias, tokens, transform)
+    return total[0]
+
+
 def loss_outputs(
     row_mean_nll: torch.Tensor,
     row_nll: torch.Tensor,

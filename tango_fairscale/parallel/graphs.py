@@ -9,11 +9,12 @@ A graph needs static shapes and no host reads. A packed micro-batch's tokens bec
 padded up to a multiple of :data:`BUCKET_TOKENS` (the main job's 2,000 steps meet 5 lengths); its
 loss, the mean over queries of each query's mean token nll, is computed over every position with
 per-token weights (0 for contexts and padding) instead of picking the scored positions, whose
-count the host would read. The graph holds the forward and the backward into gradient tensors
-that stay allocated and accumulate (a step of several micro-batches replays one graph each, its
-gradients zeroed first); clipping and the optimizer step run after it as usual (a fused AdamW is
-one launch). Each length is captured the first time a step meets it, after a few warm-up passes on a
-side stream; dropout draws from the graph-safe CUDA generator.
+count the host would read; the model's chunked loss computes its gradients in the forward, so no
+logits are kept for the backward. The graph holds the forward and the backward into gradient
+tensors that stay allocated and accumulate (a step of several micro-batches replays one graph
+each, its gradients zeroed first); clipping and the optimizer step run after it as usual (a
+fused AdamW is one launch). Each length is captured the first time a step meets it, after a few
+warm-up passes on a side stream; dropout draws from the graph-safe CUDA generator.
 """
 
 from __future__ import annotations
@@ -21,11 +22,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from ..data.batches import IGNORE_INDEX
 from ..model.causal_lm import ModelWrapper, packed_attention_mask
-from ..model.loss import aligned_projection
+from ..model.loss import weighted_nll_sum
 from .precision import Precision
 
 #: A graphed step's row is padded up to a multiple of this many tokens (one graph per length).
@@ -71,12 +71,13 @@ def static_loss(model: ModelWrapper, batch: dict[str, torch.Tensor]) -> torch.Te
         attention_mask=mask,
         use_cache=False,
     ).last_hidden_state
-    weight, bias = aligned_projection(model.model.get_output_embeddings())
-    logits = model.logit_transform(F.linear(hidden.flatten(0, 1), weight, bias).float())
-    token_nll = F.cross_entropy(
-        logits, batch["labels"].flatten(), ignore_index=IGNORE_INDEX, reduction="none"
+    return weighted_nll_sum(
+        model.model.get_output_embeddings(),
+        hidden.flatten(0, 1),
+        batch["labels"].flatten(),
+        batch["token_weights"].flatten(),
+        model.logit_transform,
     )
-    return (token_nll * batch["token_weights"].flatten()).sum()
 
 
 class GraphedSteps:

@@ -1,6 +1,6 @@
-"""Graphed training steps (``parallel/graphs.py``): the static batch and loss equal the model's
-own on packed PIQA batches (CPU); on a GPU the replayed steps follow the eager ones, the sharded
-engines train the bare model on one GPU unless their wrapper does more than shard."""
+"""Graphed training steps (``parallel/graphs.py``): the static batch, loss and gradients equal
+the model's own on packed PIQA batches (CPU); on a GPU the replayed steps follow the eager ones,
+the sharded engines train the bare model on one GPU unless their wrapper does more than shard."""
 
 from __future__ import annotations
 
@@ -47,6 +47,21 @@ def test_the_static_loss_is_the_models_loss(packed_batches, tiny_model_dir) -> N
         with torch.no_grad():
             expected = model(**batch)["loss"]
             assert static_loss(model, static).item() == pytest.approx(expected.item(), abs=1e-5)
+
+
+def test_the_static_loss_has_the_models_gradients(packed_batches, tiny_model_dir) -> None:
+    model = ModelWrapper(str(tiny_model_dir)).eval()
+
+    def gradients(loss: torch.Tensor) -> list[torch.Tensor]:
+        model.zero_grad(set_to_none=True)
+        loss.backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    batch = packed_batches[3]
+    ours = gradients(static_loss(model, static_batch(batch, model.pad_token_id)))
+    theirs = gradients(model(**batch)["loss"])
+    for (name, _), a, b in zip(model.named_parameters(), ours, theirs, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4, msg=name)
 
 
 def test_packed_micro_batches_without_outputs_are_replayed(packed_batches) -> None:
