@@ -80,6 +80,11 @@ def static_loss(model: ModelWrapper, batch: dict[str, torch.Tensor]) -> torch.Te
     )
 
 
+class CaptureFailed(RuntimeError):
+    """A length's step could not be captured: the model's forward or backward does something a
+    CUDA graph cannot hold (reads a value to the host, say). The loop then steps eagerly."""
+
+
 class GraphedSteps:
     """Forward and backward of ``model`` (bare, on one GPU) replayed from one CUDA graph per
     bucket length, under ``precision``'s autocast (without its cache of cast weights)."""
@@ -149,10 +154,13 @@ class GraphedSteps:
         graph = torch.cuda.CUDAGraph()
         # Threads of the checkpoint writer call CUDA meanwhile (pinning host memory, waiting
         # for a copy): only this thread's calls must not interrupt the capture.
-        with torch.cuda.graph(
-            graph, pool=self.pool, stream=self.stream, capture_error_mode="thread_local"
-        ):
-            self._pass(inputs)
+        try:
+            with torch.cuda.graph(
+                graph, pool=self.pool, stream=self.stream, capture_error_mode="thread_local"
+            ):
+                self._pass(inputs)
+        except RuntimeError as error:  # the warm-up passes ran: the step itself works eagerly
+            raise CaptureFailed(str(error).strip().splitlines()[0]) from error
         with torch.no_grad():
             for parameter in self.parameters:
                 assert parameter.grad is not None

@@ -15,6 +15,7 @@ from tango.common.exceptions import ConfigurationError
 
 from ..model.causal_lm import packing_refusal
 from ..parallel.engine import Engine
+from ..parallel.graphs import CaptureFailed
 from ..runtime.process_group import join_process_group, leave_process_group, spawned_store
 from .plan import TrainPlan, TrainRuntime
 from .run import FINAL_WEIGHTS, TrainingRun
@@ -115,9 +116,18 @@ def forward_backward(
 ) -> tuple[torch.Tensor, list[dict[str, Any]]]:
     """One step's forward and backward passes over its micro-batches: the step's loss and, with
     ``keep_outputs``, each micro-batch's outputs. Replayed from a CUDA graph where the engine
-    has them (:mod:`~tango_fairscale.parallel.graphs`) and the step can be."""
+    has them (:mod:`~tango_fairscale.parallel.graphs`) and the step can be; a step that cannot be
+    captured runs eagerly, and so does every later one."""
     if engine.graphs is not None and engine.graphs.takes(batches, keep_outputs):
-        return engine.graphs.forward_backward(batches), []
+        try:
+            return engine.graphs.forward_backward(batches), []
+        except CaptureFailed as failure:
+            logger.warning(
+                "training steps run eagerly from here: this model's step cannot be captured as "
+                "a CUDA graph (%s)",
+                failure,
+            )
+            engine.graphs = None
     step_loss = torch.zeros((), device=engine.device)
     outputs = []
     for index, batch in enumerate(batches):

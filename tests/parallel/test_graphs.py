@@ -1,9 +1,11 @@
 """Graphed training steps (``parallel/graphs.py``): the static batch, loss and gradients equal
-the model's own on packed PIQA batches (CPU); on a GPU the replayed steps follow the eager ones,
-the sharded engines train the bare model on one GPU unless their wrapper does more than shard."""
+the model's own on packed PIQA batches, and a step that cannot be captured runs eagerly (CPU); on
+a GPU the replayed steps follow the eager ones, the sharded engines train the bare model on one
+GPU unless their wrapper does more than shard."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,13 @@ from tango.integrations.torch import Model, TrainConfig, TrainingEngine
 from tango_fairscale.data.batches import training_batch
 from tango_fairscale.data.queries import encode_pairs
 from tango_fairscale.model.causal_lm import ModelWrapper
-from tango_fairscale.parallel.graphs import BUCKET_TOKENS, GraphedSteps, static_batch, static_loss
+from tango_fairscale.parallel.graphs import (
+    BUCKET_TOKENS,
+    CaptureFailed,
+    GraphedSteps,
+    static_batch,
+    static_loss,
+)
 from tango_fairscale.tasks.lm_eval import TaskSpec, load_tasks, training_pairs
 
 GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs run on GPUs")
@@ -74,7 +82,8 @@ def test_packed_micro_batches_without_outputs_are_replayed(packed_batches) -> No
 
 
 def build(engine: str, model_dir: Path, work_dir: Path, **params: Any) -> Any:
-    config = TrainConfig("graphs", work_dir, devices=[0], world_size=1, is_distributed=False)
+    device = 0 if torch.cuda.is_available() else -1
+    config = TrainConfig("graphs", work_dir, devices=[device], world_size=1, is_distributed=False)
     model = Lazy(Model, Params({"type": "tango_fairscale::causal_lm", "model": str(model_dir)}))
     return Lazy(TrainingEngine, Params(engine_config(engine, **params))).construct(
         train_config=config, model=model
@@ -93,6 +102,31 @@ def losses(engine: Any, batches: list, steps: int, micro_batches: int = 1) -> li
         engine.step()
         found.append(loss.item())
     return found
+
+
+def test_a_step_that_cannot_be_captured_runs_eagerly(
+    packed_batches, tiny_model_dir, tmp_path, caplog
+) -> None:
+    """Graphs whose capture fails (a stand-in, on the CPU) leave that step and every later one
+    to the eager loop, with one warning."""
+    from tango_fairscale.train.loop import forward_backward
+
+    class Uncapturable:
+        takes = staticmethod(GraphedSteps.takes)
+
+        def forward_backward(self, batches: list) -> torch.Tensor:
+            raise CaptureFailed("operation not permitted when stream is capturing")
+
+    engine = build("tango_fairscale::ddp", tiny_model_dir, tmp_path / "f")
+    reference = build("tango_fairscale::ddp", tiny_model_dir, tmp_path / "r")
+    engine.graphs = Uncapturable()
+    with caplog.at_level(logging.WARNING):
+        loss, _ = forward_backward(engine, packed_batches[:2])
+    assert engine.graphs is None and "cannot be captured as a CUDA graph" in caplog.text
+    expected, _ = forward_backward(reference, packed_batches[:2])
+    assert loss.item() == expected.item()
+    for ours, theirs in zip(engine.model.parameters(), reference.model.parameters(), strict=True):
+        assert torch.equal(ours.grad, theirs.grad)
 
 
 @GPU
