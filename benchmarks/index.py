@@ -87,6 +87,11 @@ EARLIER: dict[str, dict[str, str | None]] = {
         "attention's plan per new length up to 1.2 s; the main job 55.0 s as a machine's third "
         "command",
     },
+    "profile_lm_eval_h200_01b4b04": {
+        "suite": "profile-lm-eval",
+        "figure": "analysis: the synthetic suite (fresh, second model) and PIQA eval-only under "
+        "cProfile; FSDP2's import (through transformers) registers 128 custom ops",
+    },
     "profile_main_job_h200_1686201": {
         "suite": "profile-main-job",
         "figure": "analysis: each process of the main job's command (300 steps) under cProfile",

@@ -2,7 +2,7 @@
 
 On one GPU, short steps are bound by the host launching their kernels, not by the GPU: GPT-2 124M
 on PIQA batches of 16 spends ~31 ms of Python and launches for ~7 ms of kernels a step. A graph
-replay launches them all at once: the main job's steps take 8.7 ms (``docs/PERFORMANCE.md``), the
+replay launches them all at once: the main job's steps take 9.8 ms (``docs/PERFORMANCE.md``), the
 300-step loss curve within 0.001 of the eager one (``graph_probe_h200_ab52448.md``).
 
 A graph needs static shapes and no host reads. A packed micro-batch's tokens become one row,
