@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ..data.batches import IGNORE_INDEX
+from .projection import aligned_projection
 
 #: Rows of logits computed at once (a 4096 × 50257 fp32 chunk is 0.8 GB).
 LOGIT_CHUNK_ROWS = 4096
@@ -346,27 +347,3 @@ def _compiled_chunk_cross_entropy() -> Any:
     """:func:`_chunk_cross_entropy` under ``torch.compile`` (``TORCH_COMPILE_DISABLE=1``: eager),
     for any row count from the first call (else the second step's count compiles it again)."""
     return torch.compile(_chunk_cross_entropy, dynamic=True)
-
-
-#: The vocabulary projection's output width is padded to a multiple of this: GPT-2's 50,257 rows
-#: leave cuBLAS only slow unaligned GEMM kernels (measured: 3x slower on an H200).
-VOCAB_ALIGNMENT = 64
-
-
-def aligned_projection(head: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The linear ``head``'s weight and bias, the output padded to ``VOCAB_ALIGNMENT`` columns.
-
-    The extra rows of the weight are zeros and their bias is ``-inf``, so they add nothing to any
-    softmax: the cross-entropy over the padded logits equals the one over the real ones.
-    """
-    weight = head.weight
-    bias = getattr(head, "bias", None)
-    assert isinstance(weight, torch.Tensor)
-    vocab = weight.shape[0]
-    extra = -vocab % VOCAB_ALIGNMENT
-    if extra == 0:
-        return weight, bias
-    weight = F.pad(weight, (0, 0, 0, extra))
-    masked = torch.zeros(vocab + extra, dtype=weight.dtype, device=weight.device)
-    masked[vocab:] = float("-inf")
-    return weight, masked if bias is None else F.pad(bias, (0, extra)) + masked

@@ -1,7 +1,5 @@
 """The model wrapper's fast paths compute what Hugging Face's model computes.
 
-* the vocabulary projection padded to ``VOCAB_ALIGNMENT`` columns (zero weights, ``-inf`` bias)
-  gives the same logits, cross-entropy and gradients as the plain ``nn.Linear`` head;
 * the chunked cross-entropy that computes its gradients in the forward pass equals full-logits
   cross-entropy in values and gradients (fp32; close under bf16 autocast);
 * GPT-2's ``gelu_new`` runs as one fused ``nn.GELU(approximate="tanh")`` and the wrapped model's
@@ -22,32 +20,7 @@ from transformers.activations import NewGELUActivation
 
 from tango_fairscale.model import loss as model_module
 from tango_fairscale.model.causal_lm import ModelWrapper
-from tango_fairscale.model.loss import VOCAB_ALIGNMENT, aligned_projection, scored_row_nll
-
-
-def test_aligned_projection_equals_the_plain_head() -> None:
-    torch.manual_seed(0)
-    head = torch.nn.Linear(16, 100, bias=False)
-    hidden = torch.randn(7, 16)
-    targets = torch.randint(0, 100, (7,))
-    padded = F.linear(hidden, *aligned_projection(head))
-    assert padded.shape == (7, 128) and 128 % VOCAB_ALIGNMENT == 0
-    torch.testing.assert_close(padded[:, :100], head(hidden))
-    assert torch.isneginf(padded[:, 100:]).all()
-
-    loss = F.cross_entropy(padded, targets)
-    (grad,) = torch.autograd.grad(loss, head.weight)
-    plain_loss = F.cross_entropy(head(hidden), targets)
-    (plain_grad,) = torch.autograd.grad(plain_loss, head.weight)
-    torch.testing.assert_close(loss, plain_loss)
-    torch.testing.assert_close(grad, plain_grad)
-
-    biased = torch.nn.Linear(16, 100)
-    torch.testing.assert_close(
-        F.linear(hidden, *aligned_projection(biased))[:, :100], biased(hidden)
-    )
-    aligned = torch.nn.Linear(16, 128, bias=False)
-    assert aligned_projection(aligned) == (aligned.weight, None)
+from tango_fairscale.model.loss import scored_row_nll
 
 
 def test_gelu_is_fused_and_the_model_computes_the_same(tiny_model_dir: Path) -> None:
