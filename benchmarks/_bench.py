@@ -15,6 +15,8 @@ import platform
 import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -192,6 +194,39 @@ def gpu_info() -> dict[str, Any]:
         "gpu_memory_gib": round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1),
         "nccl": nccl,
     }
+
+
+class GpuSampler(threading.Thread):
+    """GPU 0's utilisation and memory every 100 ms (``nvidia-smi -lms``) on
+    ``time.perf_counter``'s clock, until ``stopped`` is set; no samples without ``nvidia-smi``."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.samples: list[tuple[float, float, float]] = []  # (time, util %, memory MiB)
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        query = "--query-gpu=utilization.gpu,memory.used"
+        command = ["nvidia-smi", query, "--format=csv,noheader,nounits", "-lms", "100", "-i", "0"]
+        try:
+            smi = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+        except OSError:
+            return
+        assert smi.stdout is not None
+        for line in smi.stdout:
+            if self.stopped.is_set():
+                break
+            try:
+                util, memory = (float(x) for x in line.split(","))
+            except ValueError:
+                continue
+            self.samples.append((time.perf_counter(), util, memory))
+        smi.terminate()
+
+    def busy(self, *windows: tuple[float, float]) -> float | None:
+        """Mean utilisation (%) of the samples inside any of ``windows`` (start, end)."""
+        inside = [u for t, u, _ in self.samples if any(a <= t <= b for a, b in windows)]
+        return round(sum(inside) / len(inside), 1) if inside else None
 
 
 def write_json(path: Path, data: Any) -> None:

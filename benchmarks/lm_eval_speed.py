@@ -31,8 +31,10 @@ import json
 import os
 import random
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -153,16 +155,41 @@ def task_yamls(tasks: list[str], root: Path, out: Path) -> list[str]:
 
 def timed(
     command: list[str], log: Path, timeout: float, env: dict[str, str] | None = None
-) -> tuple[float, int, str]:
+) -> tuple[float, int, str, dict[str, float | None]]:
+    """Run ``command`` with its output in ``log``: its seconds, exit code, output, and the GPU's
+    busy share (NVML, every 100 ms) over the command and over the package's scoring passes (each
+    ``scored N requests in S s`` line: the S seconds before it appeared)."""
+    sampler = _bench.GpuSampler()
+    sampler.start()
     started = time.perf_counter()
+    windows: list[tuple[float, float]] = []
     with log.open("w") as file:
-        try:
-            code = subprocess.run(
-                command, stdout=file, stderr=subprocess.STDOUT, timeout=timeout, env=env
-            ).returncode
-        except subprocess.TimeoutExpired:
-            code = 124
-    return time.perf_counter() - started, code, log.read_text(errors="replace")
+        process = subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            start_new_session=True,  # its workers too are killed at the timeout
+        )
+        assert process.stdout is not None
+        watchdog = threading.Timer(timeout, os.killpg, (process.pid, signal.SIGKILL))
+        watchdog.start()
+        for line in process.stdout:
+            file.write(line)
+            scored = re.search(r"scored [\d,]+ requests in ([\d.]+) s", line)
+            if scored:
+                now = time.perf_counter()
+                windows.append((now - float(scored.group(1)), now))
+        returncode = process.wait()
+        timed_out = not watchdog.is_alive() and returncode < 0
+        watchdog.cancel()
+        code = 124 if timed_out else returncode
+    ended = time.perf_counter()
+    sampler.stopped.set()
+    busy = {"gpu_busy_pct_command": sampler.busy((started, ended))}
+    busy["gpu_busy_pct_scoring"] = sampler.busy(*windows) if windows else None
+    return ended - started, code, log.read_text(errors="replace"), busy
 
 
 def step_split(workspace: Path, started: datetime.datetime, wall_s: float) -> dict[str, Any]:
@@ -330,7 +357,7 @@ def main() -> None:
             if args.cprofile is not None and label.startswith("package"):
                 slug = re.sub(r"[^a-z0-9]+", "-", f"{suite} {label}").strip("-")
                 env = profiled_env(args.cprofile / slug)
-            seconds, code, output = timed(command, log, min(args.timeout_s, left), env)
+            seconds, code, output, busy = timed(command, log, min(args.timeout_s, left), env)
             rate = rate_of(output)
             results.append(
                 {
@@ -341,6 +368,7 @@ def main() -> None:
                     "exit_code": code,
                     "command_s": round(seconds, 2),
                     "scoring_requests_per_s": None if rate is None else round(rate, 1),
+                    **busy,
                 }
             )
             if label.startswith("package"):

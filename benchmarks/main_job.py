@@ -43,43 +43,18 @@ VARIANTS = {
 }
 
 
-class Sampler(threading.Thread):
-    """GPU utilisation and memory every 100 ms (``nvidia-smi -lms``), and when each training-log
-    line appeared, both on this process's clock."""
+class Sampler(_bench.GpuSampler):
+    """:class:`~_bench.GpuSampler`, and when each training-log line appeared, on the same
+    clock."""
 
     def __init__(self, log_path_glob: tuple[Path, str]) -> None:
-        super().__init__(daemon=True)
-        self.samples: list[tuple[float, float, float]] = []  # (time, util %, memory MiB)
+        super().__init__()
         self.log_times: list[float] = []
         self.root, self.pattern = log_path_glob
-        self.stopped = threading.Event()
 
     def run(self) -> None:
-        command = [
-            "nvidia-smi",
-            "--query-gpu=utilization.gpu,memory.used",
-            "--format=csv,noheader,nounits",
-            "-lms",
-            "100",
-            "-i",
-            "0",
-        ]
-        try:
-            smi = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-        except OSError:
-            smi = None
         threading.Thread(target=self._watch_log, daemon=True).start()
-        if smi is None or smi.stdout is None:
-            return
-        for line in smi.stdout:
-            if self.stopped.is_set():
-                break
-            try:
-                util, memory = (float(x) for x in line.split(","))
-            except ValueError:
-                continue
-            self.samples.append((time.perf_counter(), util, memory))
-        smi.terminate()
+        super().run()
 
     def _watch_log(self) -> None:
         seen = 0
@@ -90,10 +65,6 @@ class Sampler(threading.Thread):
                 self.log_times += [now] * (len(lines) - seen)
                 seen = max(seen, len(lines))
             time.sleep(0.05)
-
-    def busy(self, start: float, end: float) -> float | None:
-        inside = [util for t, util, _ in self.samples if start <= t <= end]
-        return round(sum(inside) / len(inside), 1) if inside else None
 
 
 def run_command(name: str, extra: list[str], args: argparse.Namespace) -> dict[str, Any]:
@@ -143,9 +114,9 @@ def run_command(name: str, extra: list[str], args: argparse.Namespace) -> dict[s
     result.update(split(lines, ended - started))
     result.update(training_figures(workspace))
     loop = sampler.log_times
-    result["gpu_busy_pct_command"] = sampler.busy(started, ended)
+    result["gpu_busy_pct_command"] = sampler.busy((started, ended))
     if len(loop) >= 2:
-        result["gpu_busy_pct_step_loop"] = sampler.busy(loop[0], loop[-1])
+        result["gpu_busy_pct_step_loop"] = sampler.busy((loop[0], loop[-1]))
         result["step_loop_span_s"] = round(loop[-1] - loop[0], 2)
     if sampler.samples:
         result["gpu_memory_used_max_mib"] = max(memory for _, _, memory in sampler.samples)
