@@ -26,7 +26,9 @@ def parse_targets(text: str | None) -> list[tuple[str, float, float]]:
         config, *bounds = entry.split(":")
         if bounds and len(bounds) != 2:
             raise ValueError(f"--target {entry!r}: give CONFIG or CONFIG:THROUGHPUT:MEMORY")
-        throughput, memory = map(float, bounds) if bounds else (1.0, TARGET_MEMORY_RATIO)
+        throughput, memory = (
+            map(float, bounds) if bounds else (TARGET_THROUGHPUT_RATIO, TARGET_MEMORY_RATIO)
+        )
         targets.append((config, throughput, memory))
     return targets
 

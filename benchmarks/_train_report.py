@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 import _bench
-from _train_compare import TARGET_MEMORY_RATIO, TARGET_THROUGHPUT_RATIO
 from _train_pipe import pipe_markdown
 
 #: Timed steps of one fixed batch whose slowest is this much slower than the fastest: the run met
@@ -188,8 +187,7 @@ def target_markdown(checks: list[dict[str, Any]]) -> list[str]:
     for target in dict.fromkeys(c["target"] for c in checks):
         mine = [c for c in checks if c["target"] == target]
         other = mine[0]["compare_to"]
-        memory_target = mine[0].get("memory_target", TARGET_MEMORY_RATIO)
-        throughput_target = mine[0].get("throughput_target", TARGET_THROUGHPUT_RATIO)
+        memory_target, throughput_target = mine[0]["memory_target"], mine[0]["throughput_target"]
         lines += [
             "",
             f"## Target: `{target}` vs `{other}` at the same batch",

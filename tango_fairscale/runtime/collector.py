@@ -22,17 +22,12 @@ import gc
 THRESHOLDS = (50_000, 20, 20)
 
 
-_collecting_less = False
-
-
 def collect_less() -> None:
     """Leave every object alive now out of later collections (``gc.freeze``: torch's and Tango's
     modules, imported by then) and collect at :data:`THRESHOLDS`. For a command's main process:
     call once, after its heavy imports."""
-    global _collecting_less
     gc.freeze()
     gc.set_threshold(*THRESHOLDS)
-    _collecting_less = True
 
 
 def collect_cycles() -> None:
@@ -40,5 +35,5 @@ def collect_cycles() -> None:
     process collects less (:func:`collect_less`: the collection skips the frozen imports, ~0.1 s);
     elsewhere Python's own thresholds collect soon enough (and a full collection of a large
     process, a test session's, costs 0.3 s)."""
-    if _collecting_less:
+    if gc.get_threshold() == THRESHOLDS:
         gc.collect()
