@@ -3,7 +3,7 @@ scoring requests/s and whole-command wall time, measured in the same run.
 
     python benchmarks/lm_eval_speed.py --piqa .gpudata/piqa --tokenizer .gpudata/gpt2-tokenizer \
         --out results/lm_eval_speed.json [--suites synthetic,piqa] [--tools package,lm-eval] \
-        [--cprofile DIR] [--tiny]
+        [--pyspy DIR] [--tiny]
 
 Suites: ``piqa`` — lm-eval's ``piqa`` on the official validation files (3,676 requests);
 ``synthetic`` — >= 50,000 requests in HellaSwag's shape (long contexts, four long endings) and
@@ -18,9 +18,10 @@ the same shape in the same workspace, whose requests come from the cache) and
 model reading it). Scoring requests/s: requests over the time of the tool's own log-likelihood
 pass — the package's ``ScorerLM`` logs it; lm-eval's progress bar reports its rate. Where a
 package command's time goes: each Tango step it ran (from the workspace's step records) and the
-time before the first and after the last. With ``--cprofile DIR``, each package command's
-processes run under cProfile (``profile_hook/``): ``DIR/<suite>-<label>/<pid>.prof``, for
-``profile_summary.py`` (their seconds are not figures: the profiler slows Python code).
+time before the first and after the last; each package command's output, progress bars left out,
+beside ``--out`` in ``logs/<suite>-<label>.log``. With ``--pyspy DIR``, each package command runs
+under py-spy (100 samples/s, every process, idle time included; ``pip install py-spy``):
+``DIR/<suite>-<label>.txt``, for ``sampled_summary.py`` (their seconds are slightly slowed).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -154,7 +156,7 @@ def task_yamls(tasks: list[str], root: Path, out: Path) -> list[str]:
 
 
 def timed(
-    command: list[str], log: Path, timeout: float, env: dict[str, str] | None = None
+    command: list[str], log: Path, timeout: float
 ) -> tuple[float, int, str, dict[str, float | None]]:
     """Run ``command`` with its output in ``log``: its seconds, exit code, output, and the GPU's
     busy share (NVML, every 100 ms) over the command and over the package's scoring passes (each
@@ -169,7 +171,6 @@ def timed(
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            env=env,
             start_new_session=True,  # its workers too are killed at the timeout
         )
         assert process.stdout is not None
@@ -216,12 +217,23 @@ def step_split(workspace: Path, started: datetime.datetime, wall_s: float) -> di
     }
 
 
-def profiled_env(folder: Path) -> dict[str, str]:
-    """The environment that runs a command's Python processes under cProfile, writing
-    ``folder/<pid>.prof`` each (``benchmarks/profile_hook/sitecustomize.py``)."""
-    hook = str(Path(__file__).resolve().parent / "profile_hook")
-    paths = [hook, *filter(None, [os.environ.get("PYTHONPATH")])]
-    return {**os.environ, "BENCH_CPROFILE_DIR": str(folder), "PYTHONPATH": os.pathsep.join(paths)}
+def sampled(command: list[str], recording: Path) -> list[str]:
+    """``command`` under py-spy, sampled into ``recording`` (raw format)."""
+    # pip install --target puts the binary in the target's bin/, which is not on PATH.
+    bins = [os.environ.get("PATH", ""), *(str(Path(p) / "bin") for p in sys.path if p)]
+    pyspy = shutil.which("py-spy", path=os.pathsep.join(bins))
+    if pyspy is None:
+        raise SystemExit("--pyspy needs py-spy (pip install py-spy==0.4.3)")
+    recording.parent.mkdir(parents=True, exist_ok=True)
+    sampler = [pyspy, "record", "--rate", "100", "--subprocesses", "--idle", "--format", "raw"]
+    return [*sampler, "--output", str(recording), "--", *command]
+
+
+def kept_log(log: Path, folder: Path) -> None:
+    """``log`` without its progress bars' redrawn lines, as ``folder/<log's name>``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = (line.rsplit("\r", 1)[-1] for line in log.read_text(errors="replace").splitlines())
+    (folder / log.name).write_text("\n".join(line for line in lines if line.strip()) + "\n")
 
 
 def ours_rate(output: str) -> float | None:
@@ -286,7 +298,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--suites", default="synthetic,piqa", help="in this order")
     parser.add_argument("--tools", default="package,lm-eval", help="the runs of these tools only")
-    parser.add_argument("--cprofile", type=Path, help="the package's commands under cProfile")
+    parser.add_argument("--pyspy", type=Path, help="the package's commands under py-spy")
     parser.add_argument("--work", type=Path, default=Path("/tmp/lm_eval_speed"))
     parser.add_argument("--timeout-s", type=float, default=240, help="per command")
     parser.add_argument("--budget-s", type=float, default=1e9, help="all commands: skip the rest")
@@ -351,13 +363,12 @@ def main() -> None:
             if left < 20:
                 print(f"skipped {suite} {label}: {left:.0f} s of the budget left", flush=True)
                 continue
-            log = args.work / suite / f"{label}.log"
+            slug = re.sub(r"[^a-z0-9]+", "-", f"{suite} {label}").strip("-")
+            log = args.work / suite / f"{slug}.log"
             started = datetime.datetime.now(datetime.timezone.utc)
-            env = None
-            if args.cprofile is not None and label.startswith("package"):
-                slug = re.sub(r"[^a-z0-9]+", "-", f"{suite} {label}").strip("-")
-                env = profiled_env(args.cprofile / slug)
-            seconds, code, output, busy = timed(command, log, min(args.timeout_s, left), env)
+            if args.pyspy is not None and label.startswith("package"):
+                command = sampled(command, args.pyspy / f"{slug}.txt")
+            seconds, code, output, busy = timed(command, log, min(args.timeout_s, left))
             rate = rate_of(output)
             results.append(
                 {
@@ -373,6 +384,7 @@ def main() -> None:
             )
             if label.startswith("package"):
                 results[-1].update(step_split(args.work / suite / "ws", started, seconds))
+                kept_log(log, args.out.parent / "logs")
             print(json.dumps(results[-1]), flush=True)
             _bench.write_json(args.out, report)
     for suite in {r["suite"] for r in results}:
