@@ -146,8 +146,10 @@ suite_tests() {
   local files
   mapfile -t files < <(grep -rl "not torch.cuda.is_available()" tests --include='*.py' | sort)
   step "$BUDGET" env TANGO_FAIRSCALE_SHARED_DATA="$DATA_ROOT" "$PY" -m pytest -q \
-    -p no:cacheprovider "${files[@]}"
-  [ "$DRY_RUN" = 1 ] || tail -1 "$DIR/log.txt" | tee -a "$LOG"
+    -p no:cacheprovider -rf "${files[@]}"
+  # The failures' names and errors in the call's own log too (a call brings back 8 files at most).
+  [ "$DRY_RUN" = 1 ] || { grep -E '^(FAILED|ERROR) ' "$DIR/log.txt"; tail -1 "$DIR/log.txt"; } \
+    | cut -c1-400 | tee -a "$LOG"
 }
 
 suite_e2e() {  # results.txt (the runs x metrics table), curves.png; E2E_DEVICES to override
@@ -231,17 +233,12 @@ suite_lm_eval() {  # lm_eval_speed.json: requests/s and command seconds of each 
   [ "$DRY_RUN" = 1 ] || grep '^{' "$DIR/log.txt" | tee -a "$LOG"
 }
 
-suite_profile_lm_eval() {  # profile_<command>.txt: each package command of lm-eval under py-spy
+suite_profile_lm_eval() {  # profile.txt: each package command of lm-eval under py-spy
   step "$BUDGET" "$PY" benchmarks/lm_eval_speed.py "${TINY[@]}" --piqa "$PIQA" --tokenizer "$TOK" \
     --tools package --pyspy "$DIR/pyspy" --timeout-s 150 --budget-s $(( BUDGET - 25 )) \
     --out "$DIR/lm_eval_speed_profiled.json"
   [ "$DRY_RUN" = 1 ] && return 0
-  local recording
-  for recording in "$DIR"/pyspy/*.txt; do
-    [ -f "$recording" ] || continue
-    "$PY" benchmarks/sampled_summary.py "$recording" --rows 60 \
-      >"$DIR/profile_$(basename "$recording")" 2>&1
-  done
+  "$PY" benchmarks/sampled_summary.py "$DIR"/pyspy/*.txt >"$DIR/profile.txt" 2>&1
   rm -rf "$DIR/pyspy"
 }
 

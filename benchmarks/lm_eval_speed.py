@@ -19,7 +19,7 @@ model reading it). Scoring requests/s: requests over the time of the tool's own 
 pass — the package's ``ScorerLM`` logs it; lm-eval's progress bar reports its rate. Where a
 package command's time goes: each Tango step it ran (from the workspace's step records) and the
 time before the first and after the last; each package command's output, progress bars left out,
-beside ``--out`` in ``logs/<suite>-<label>.log``. With ``--pyspy DIR``, each package command runs
+beside ``--out`` in ``commands.log``. With ``--pyspy DIR``, each package command runs
 under py-spy (100 samples/s, every process, idle time included; ``pip install py-spy``):
 ``DIR/<suite>-<label>.txt``, for ``sampled_summary.py`` (their seconds are slightly slowed).
 """
@@ -229,11 +229,11 @@ def sampled(command: list[str], recording: Path) -> list[str]:
     return [*sampler, "--output", str(recording), "--", *command]
 
 
-def kept_log(log: Path, folder: Path) -> None:
-    """``log`` without its progress bars' redrawn lines, as ``folder/<log's name>``."""
-    folder.mkdir(parents=True, exist_ok=True)
+def kept_log(log: Path, kept: Path) -> None:
+    """``log`` appended to ``kept`` under a header, without its progress bars' redrawn lines."""
     lines = (line.rsplit("\r", 1)[-1] for line in log.read_text(errors="replace").splitlines())
-    (folder / log.name).write_text("\n".join(line for line in lines if line.strip()) + "\n")
+    with kept.open("a") as file:
+        file.write(f"===== {log.stem}\n" + "\n".join(line for line in lines if line.strip()) + "\n")
 
 
 def ours_rate(output: str) -> float | None:
@@ -384,7 +384,7 @@ def main() -> None:
             )
             if label.startswith("package"):
                 results[-1].update(step_split(args.work / suite / "ws", started, seconds))
-                kept_log(log, args.out.parent / "logs")
+                kept_log(log, args.out.parent / "commands.log")
             print(json.dumps(results[-1]), flush=True)
             _bench.write_json(args.out, report)
     for suite in {r["suite"] for r in results}:

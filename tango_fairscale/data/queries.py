@@ -12,9 +12,14 @@ encodes them.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
+
+#: Texts per thread below which a batch is encoded in one call (a thread's start costs more).
+TEXTS_PER_THREAD = 1024
 
 
 @dataclass(frozen=True)
@@ -115,7 +120,21 @@ def _encode(texts: list[str], tokenizer: Any, add_special_tokens: bool) -> list[
     # (``encode_batch_fast``: a fifth less). Not while the backend pads or truncates (a batched
     # ``tokenizer(..., padding=...)`` call leaves it so): its rows would be padded.
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None and backend.padding is None and backend.truncation is None:
+    if backend is None or backend.padding is not None or backend.truncation is not None:
+        return tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"]
+    # The backend releases the GIL while it encodes: slices of a large batch encode in threads
+    # of their own, also where TOKENIZERS_PARALLELISM=false keeps each call on one core (the
+    # setting guards the Rust thread pool across forks; Python threads do not outlive a call).
+    # Each text encodes alone, so the ids do not depend on the slicing.
+    num_threads = min(len(os.sched_getaffinity(0)), len(texts) // TEXTS_PER_THREAD)
+    if num_threads < 2:
         encodings = backend.encode_batch_fast(texts, add_special_tokens=add_special_tokens)
         return [encoding.ids for encoding in encodings]
-    return tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"]
+    bounds = [len(texts) * i // num_threads for i in range(num_threads + 1)]
+    slices = [texts[start:end] for start, end in zip(bounds, bounds[1:])]
+    with ThreadPoolExecutor(num_threads, thread_name_prefix="tokenize") as pool:
+        parts = pool.map(
+            lambda part: backend.encode_batch_fast(part, add_special_tokens=add_special_tokens),
+            slices,
+        )
+        return [encoding.ids for part in parts for encoding in part]
