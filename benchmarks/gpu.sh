@@ -34,7 +34,7 @@
 #@ pipe | 2 | 300 | pipe engine over two GPUs against one: throughput, memory per device, the bubble
 #@ multinode | 2 | 540 | two torchrun "nodes" end bit-identical to the single-node run (fsdp2, hybrid_shard, fairscale)
 #@ lm-eval | 1 | 400 | the whole command <= 1/4 of lm-eval hf bf16 at its best batch size (64, 256, auto), a second model <= 1/10 of lm-eval's --cache_requests rerun, scoring >= 3x with the GPU busy >= 70 % of it; PIQA eval-only through tango run
-#@ profile-lm-eval | 1 | 240 | where the package's evaluation commands spend their wall time: the synthetic suite (a fresh workspace, then a second model) and PIQA eval-only, each command sampled by py-spy (needs its wheel in .whl/)
+#@ profile-lm-eval | 1 | 240 | where the package's evaluation commands spend their wall time: the synthetic suite (a fresh workspace, then a second model) and PIQA eval-only, each command sampled by py-spy (needs its wheel in .whl/), each scoring pass under torch.profiler
 #@ generation | 1 | 420 | the package's generate_until >= 3x lm-eval's HF backend (generated tokens/s, bf16), GSM8K-shaped: 2,000 prompts x 256 new tokens; whole commands
 #@ graph-probe | 1 | 240 | static-shape packed PIQA steps (bucketed lengths) captured as CUDA graphs against eager steps, bare 124M on one GPU: step and GPU kernel ms against eager fp32 (target <= 1/2), 300-step loss parity, capture cost and buckets of the 2,000-step schedule
 #@ attention-probe | 1 | 60 | the first call of each attention kernel at each new packed length (bf16, boolean mask): why forwards on a GPU leave cuDNN's attention out
@@ -235,11 +235,13 @@ suite_lm_eval() {  # lm_eval_speed.json: requests/s and command seconds of each 
 
 suite_profile_lm_eval() {  # profile.txt: each package command of lm-eval under py-spy
   step "$BUDGET" "$PY" benchmarks/lm_eval_speed.py "${TINY[@]}" --piqa "$PIQA" --tokenizer "$TOK" \
-    --tools package --pyspy "$DIR/pyspy" --timeout-s 150 --budget-s $(( BUDGET - 25 )) \
-    --out "$DIR/lm_eval_speed_profiled.json"
+    --tools package --pyspy "$DIR/pyspy" --scoring-profile "$DIR/scoring" --timeout-s 150 \
+    --budget-s $(( BUDGET - 25 )) --out "$DIR/lm_eval_speed_profiled.json"
   [ "$DRY_RUN" = 1 ] && return 0
-  "$PY" benchmarks/sampled_summary.py "$DIR"/pyspy/*.txt >"$DIR/profile.txt" 2>&1
-  rm -rf "$DIR/pyspy"
+  { "$PY" benchmarks/sampled_summary.py "$DIR"/pyspy/*.txt
+    for profiled in "$DIR"/scoring/*/*.txt; do echo "## $profiled"; cat "$profiled"; done
+  } >"$DIR/profile.txt" 2>&1
+  rm -rf "$DIR/pyspy" "$DIR/scoring"
 }
 
 suite_generation() {  # generation_speed.json: generated tokens/s and command seconds of each tool

@@ -3,7 +3,7 @@ scoring requests/s and whole-command wall time, measured in the same run.
 
     python benchmarks/lm_eval_speed.py --piqa .gpudata/piqa --tokenizer .gpudata/gpt2-tokenizer \
         --out results/lm_eval_speed.json [--suites synthetic,piqa] [--tools package,lm-eval] \
-        [--pyspy DIR] [--tiny]
+        [--pyspy DIR] [--scoring-profile DIR] [--tiny]
 
 Suites: ``piqa`` — lm-eval's ``piqa`` on the official validation files (3,676 requests);
 ``synthetic`` — >= 50,000 requests in HellaSwag's shape (long contexts, four long endings) and
@@ -21,7 +21,9 @@ package command's time goes: each Tango step it ran (from the workspace's step r
 time before the first and after the last; each package command's output, progress bars left out,
 beside ``--out`` in ``commands.log``. With ``--pyspy DIR``, each package command runs
 under py-spy (100 samples/s, every process, idle time included; ``pip install py-spy``):
-``DIR/<suite>-<label>.txt``, for ``sampled_summary.py`` (their seconds are slightly slowed).
+``DIR/<suite>-<label>.txt``, for ``sampled_summary.py`` (their seconds are slightly slowed). With
+``--scoring-profile DIR``, each log-likelihood pass of a package command runs under
+``torch.profiler`` (``scoring_hook/``): ``DIR/<suite>-<label>/<pid>-<n>.txt``.
 """
 
 from __future__ import annotations
@@ -156,7 +158,7 @@ def task_yamls(tasks: list[str], root: Path, out: Path) -> list[str]:
 
 
 def timed(
-    command: list[str], log: Path, timeout: float
+    command: list[str], log: Path, timeout: float, env: dict[str, str] | None = None
 ) -> tuple[float, int, str, dict[str, float | None]]:
     """Run ``command`` with its output in ``log``: its seconds, exit code, output, and the GPU's
     busy share (NVML, every 100 ms) over the command and over the package's scoring passes (each
@@ -171,6 +173,7 @@ def timed(
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            env=env,
             start_new_session=True,  # its workers too are killed at the timeout
         )
         assert process.stdout is not None
@@ -227,6 +230,18 @@ def sampled(command: list[str], recording: Path) -> list[str]:
     recording.parent.mkdir(parents=True, exist_ok=True)
     sampler = [pyspy, "record", "--rate", "100", "--subprocesses", "--idle", "--format", "raw"]
     return [*sampler, "--output", str(recording), "--", *command]
+
+
+def scoring_profiled_env(folder: Path) -> dict[str, str]:
+    """The environment that profiles each log-likelihood pass into ``folder``
+    (``benchmarks/scoring_hook/sitecustomize.py``)."""
+    hook = str(Path(__file__).resolve().parent / "scoring_hook")
+    paths = [hook, *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {
+        **os.environ,
+        "BENCH_SCORING_PROFILE_DIR": str(folder),
+        "PYTHONPATH": os.pathsep.join(paths),
+    }
 
 
 def kept_log(log: Path, kept: Path) -> None:
@@ -299,6 +314,9 @@ def main() -> None:
     parser.add_argument("--suites", default="synthetic,piqa", help="in this order")
     parser.add_argument("--tools", default="package,lm-eval", help="the runs of these tools only")
     parser.add_argument("--pyspy", type=Path, help="the package's commands under py-spy")
+    parser.add_argument(
+        "--scoring-profile", type=Path, help="the package's scoring passes under torch.profiler"
+    )
     parser.add_argument("--work", type=Path, default=Path("/tmp/lm_eval_speed"))
     parser.add_argument("--timeout-s", type=float, default=240, help="per command")
     parser.add_argument("--budget-s", type=float, default=1e9, help="all commands: skip the rest")
@@ -366,9 +384,12 @@ def main() -> None:
             slug = re.sub(r"[^a-z0-9]+", "-", f"{suite} {label}").strip("-")
             log = args.work / suite / f"{slug}.log"
             started = datetime.datetime.now(datetime.timezone.utc)
+            env = None
             if args.pyspy is not None and label.startswith("package"):
                 command = sampled(command, args.pyspy / f"{slug}.txt")
-            seconds, code, output, busy = timed(command, log, min(args.timeout_s, left))
+            if args.scoring_profile is not None and label.startswith("package"):
+                env = scoring_profiled_env(args.scoring_profile / slug)
+            seconds, code, output, busy = timed(command, log, min(args.timeout_s, left), env)
             rate = rate_of(output)
             results.append(
                 {
