@@ -23,7 +23,7 @@ beside ``--out`` in ``commands.log``. With ``--pyspy DIR``, each package command
 under py-spy (100 samples/s, every process, idle time included; ``pip install py-spy``):
 ``DIR/<suite>-<label>.txt``, for ``sampled_summary.py`` (their seconds are slightly slowed). With
 ``--scoring-profile DIR``, each log-likelihood pass of a package command runs under
-``torch.profiler`` (``scoring_hook/``): ``DIR/<suite>-<label>/<pid>-<n>.txt``.
+``torch.profiler`` (``profile_hook/``): ``DIR/<suite>-<label>/<pid>-<n>.txt``.
 """
 
 from __future__ import annotations
@@ -234,8 +234,8 @@ def sampled(command: list[str], recording: Path) -> list[str]:
 
 def scoring_profiled_env(folder: Path) -> dict[str, str]:
     """The environment that profiles each log-likelihood pass into ``folder``
-    (``benchmarks/scoring_hook/sitecustomize.py``)."""
-    hook = str(Path(__file__).resolve().parent / "scoring_hook")
+    (``benchmarks/profile_hook/``)."""
+    hook = str(Path(__file__).resolve().parent / "profile_hook")
     paths = [hook, *filter(None, [os.environ.get("PYTHONPATH")])]
     return {
         **os.environ,

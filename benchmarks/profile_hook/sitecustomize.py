@@ -1,8 +1,16 @@
 """Benchmarks only: with ``BENCH_CPROFILE_DIR`` set, every Python process started with this folder
 on ``PYTHONPATH`` (the user's command and the training workers it spawns) runs under ``cProfile``
-and writes ``DIR/<pid>.prof`` when it exits; ``benchmarks/profile_summary.py DIR`` reads them."""
+and writes ``DIR/<pid>.prof`` when it exits; ``benchmarks/profile_summary.py DIR`` reads them.
+With ``BENCH_SCORING_PROFILE_DIR`` set, each of the package's log-likelihood passes runs under
+``torch.profiler`` (``scoring_profile.py``)."""
 
 import os
+import sys
+
+if os.environ.get("BENCH_SCORING_PROFILE_DIR"):
+    from scoring_profile import PatchScorer
+
+    sys.meta_path.insert(0, PatchScorer(os.environ["BENCH_SCORING_PROFILE_DIR"]))
 
 _PROFILE_DIR = os.environ.get("BENCH_CPROFILE_DIR")
 if _PROFILE_DIR:

@@ -1,12 +1,9 @@
-"""Benchmarks only: with ``BENCH_SCORING_PROFILE_DIR`` set, every Python process started with this
-folder on ``PYTHONPATH`` runs each of the package's log-likelihood passes (``ScorerLM._score``)
-under ``torch.profiler`` and writes ``DIR/<pid>-<n>.txt``: the pass's wall seconds, the GPU's
-kernel seconds within it, and the operators by own GPU and own CPU time."""
+"""Benchmarks only, through ``sitecustomize.py``: each of the package's log-likelihood passes
+(``ScorerLM._score``) under ``torch.profiler``, written to ``DIR/<pid>-<n>.txt``: the pass's wall
+seconds, the GPU's kernel seconds within it, and the operators by own GPU and own CPU time."""
 
 import os
 import sys
-
-_PROFILE_DIR = os.environ.get("BENCH_SCORING_PROFILE_DIR")
 
 
 def _profiled(score, folder):  # type: ignore[no-untyped-def]
@@ -46,10 +43,13 @@ def _profiled(score, folder):  # type: ignore[no-untyped-def]
     return wrapper
 
 
-class _PatchScorer:
+class PatchScorer:
     """A meta path finder that wraps ``ScorerLM._score`` once its module has been imported."""
 
     name = "tango_fairscale.evaluation.lm"
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
 
     def find_spec(self, fullname, path=None, target=None):  # type: ignore[no-untyped-def]
         if fullname != self.name:
@@ -64,11 +64,7 @@ class _PatchScorer:
 
         def exec_and_patch(module):  # type: ignore[no-untyped-def]
             exec_module(module)
-            module.ScorerLM._score = _profiled(module.ScorerLM._score, _PROFILE_DIR)
+            module.ScorerLM._score = _profiled(module.ScorerLM._score, self.folder)
 
         spec.loader.exec_module = exec_and_patch  # type: ignore[method-assign]
         return spec
-
-
-if _PROFILE_DIR:
-    sys.meta_path.insert(0, _PatchScorer())
