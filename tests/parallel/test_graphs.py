@@ -81,8 +81,12 @@ def test_packed_micro_batches_without_outputs_are_replayed(packed_batches) -> No
     assert not GraphedSteps.takes([packed_batches[0], padded], keep_outputs=False)
 
 
-def build(engine: str, model_dir: Path, work_dir: Path, **params: Any) -> Any:
-    device = 0 if torch.cuda.is_available() else -1
+def build(
+    engine: str, model_dir: Path, work_dir: Path, device: int | None = None, **params: Any
+) -> Any:
+    """``engine`` on the GPU where there is one (``device`` -1: on the CPU)."""
+    if device is None:
+        device = 0 if torch.cuda.is_available() else -1
     config = TrainConfig("graphs", work_dir, devices=[device], world_size=1, is_distributed=False)
     model = Lazy(Model, Params({"type": "tango_fairscale::causal_lm", "model": str(model_dir)}))
     return Lazy(TrainingEngine, Params(engine_config(engine, **params))).construct(
@@ -107,8 +111,8 @@ def losses(engine: Any, batches: list, steps: int, micro_batches: int = 1) -> li
 def test_a_step_that_cannot_be_captured_runs_eagerly(
     packed_batches, tiny_model_dir, tmp_path, caplog
 ) -> None:
-    """Graphs whose capture fails (a stand-in, on the CPU) leave that step and every later one
-    to the eager loop, with one warning."""
+    """Graphs whose capture fails (a stand-in, on the CPU: bitwise comparable) leave that step
+    and every later one to the eager loop, with one warning."""
     from tango_fairscale.train.loop import forward_backward
 
     class Uncapturable:
@@ -117,8 +121,8 @@ def test_a_step_that_cannot_be_captured_runs_eagerly(
         def forward_backward(self, batches: list) -> torch.Tensor:
             raise CaptureFailed("operation not permitted when stream is capturing")
 
-    engine = build("tango_fairscale::ddp", tiny_model_dir, tmp_path / "f")
-    reference = build("tango_fairscale::ddp", tiny_model_dir, tmp_path / "r")
+    engine = build("tango_fairscale::ddp", tiny_model_dir, tmp_path / "f", device=-1)
+    reference = build("tango_fairscale::ddp", tiny_model_dir, tmp_path / "r", device=-1)
     engine.graphs = Uncapturable()
     with caplog.at_level(logging.WARNING):
         loss, _ = forward_backward(engine, packed_batches[:2])
