@@ -92,6 +92,11 @@ EARLIER: dict[str, dict[str, str | None]] = {
         "figure": "analysis: the synthetic suite (fresh, second model) and PIQA eval-only under "
         "cProfile; FSDP2's import (through transformers) registers 128 custom ops",
     },
+    "profile_lm_eval_h100_df01568": {
+        "suite": "profile-lm-eval",
+        "figure": "analysis (H100, py-spy): tokenizing on one core 28-30 s of the synthetic "
+        "commands' 60-65 s; the model's load 7-9 s; GPU busy 33-39 % of scoring",
+    },
     "profile_main_job_h200_1686201": {
         "suite": "profile-main-job",
         "figure": "analysis: each process of the main job's command (300 steps) under cProfile",
