@@ -88,7 +88,9 @@ EARLIER: dict[str, dict[str, str | None]] = {
         "command",
     },
     "profile_lm_eval_h200_01b4b04": {
-        "suite": "profile-lm-eval",
+        "suite": None,
+        "target": "evidence (a command's imports): the lm-eval suite's package commands under "
+        "cProfile at 01b4b04 (before profile-lm-eval sampled with py-spy)",
         "figure": "analysis: the synthetic suite (fresh, second model) and PIQA eval-only under "
         "cProfile; FSDP2's import (through transformers) registers 128 custom ops",
     },
