@@ -112,6 +112,13 @@ def token_ids(tokenizer: Any, texts: list[str], special_tokens: bool = True) -> 
     return result
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (all of them where the OS does not say: macOS)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def _encode(texts: list[str], tokenizer: Any, add_special_tokens: bool) -> list[list[int]]:
     if not texts:
         return []
@@ -126,7 +133,7 @@ def _encode(texts: list[str], tokenizer: Any, add_special_tokens: bool) -> list[
     # of their own, also where TOKENIZERS_PARALLELISM=false keeps each call on one core (the
     # setting guards the Rust thread pool across forks; Python threads do not outlive a call).
     # Each text encodes alone, so the ids do not depend on the slicing.
-    num_threads = min(len(os.sched_getaffinity(0)), len(texts) // TEXTS_PER_THREAD)
+    num_threads = min(usable_cpus(), len(texts) // TEXTS_PER_THREAD)
     if num_threads < 2:
         encodings = backend.encode_batch_fast(texts, add_special_tokens=add_special_tokens)
         return [encoding.ids for encoding in encodings]

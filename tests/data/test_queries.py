@@ -11,7 +11,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from tango_fairscale.data import queries
-from tango_fairscale.data.queries import encode_pairs, token_ids
+from tango_fairscale.data.queries import encode_pairs, token_ids, usable_cpus
 
 
 class _RecordingBackend:
@@ -53,10 +53,19 @@ def test_a_large_batch_encodes_in_threads_to_the_same_ids(
     expected_ids = token_ids(tokenizer, texts)
 
     monkeypatch.setattr(queries, "TEXTS_PER_THREAD", 16)
-    monkeypatch.setattr(queries.os, "sched_getaffinity", lambda pid: set(range(4)))
+    monkeypatch.setattr(queries, "usable_cpus", lambda: 4)
     recorded = _Tokenizer(tokenizer)
     assert encode_pairs(recorded, pairs, max_length=1024) == alone
     assert token_ids(recorded, texts) == expected_ids
     # Each batch (200 texts, then 160) in four slices, each encoded in a pool's thread.
     threads = recorded.backend_tokenizer.threads
     assert len(threads) == 8 and all(name.startswith("tokenize") for name in threads)
+
+
+def test_the_usable_cpus_are_counted_where_the_os_cannot_say(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert usable_cpus() >= 1
+    monkeypatch.delattr(queries.os, "sched_getaffinity", raising=False)
+    monkeypatch.setattr(queries.os, "cpu_count", lambda: 3)
+    assert usable_cpus() == 3
