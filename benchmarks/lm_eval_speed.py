@@ -223,13 +223,18 @@ def step_split(workspace: Path, started: datetime.datetime, wall_s: float) -> di
     }
 
 
-def sampled(command: list[str], recording: Path) -> list[str]:
-    """``command`` under py-spy, sampled into ``recording`` (raw format)."""
+def pyspy_binary() -> str:
+    """py-spy's executable, or exit saying how to install it."""
     # pip install --target puts the binary in the target's bin/, which is not on PATH.
     bins = [os.environ.get("PATH", ""), *(str(Path(p) / "bin") for p in sys.path if p)]
     pyspy = shutil.which("py-spy", path=os.pathsep.join(bins))
     if pyspy is None:
         raise SystemExit("--pyspy needs py-spy (pip install py-spy==0.4.3)")
+    return pyspy
+
+
+def sampled(command: list[str], pyspy: str, recording: Path) -> list[str]:
+    """``command`` under the ``pyspy`` executable, sampled into ``recording`` (raw format)."""
     recording.parent.mkdir(parents=True, exist_ok=True)
     sampler = [pyspy, "record", "--rate", "100", "--subprocesses", "--idle", "--format", "raw"]
     return [*sampler, "--output", str(recording), "--", *command]
@@ -326,6 +331,7 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="CPU smoke test: tiny model, few docs")
     parser.add_argument("--commit")
     args = parser.parse_args()
+    pyspy = None if args.pyspy is None else pyspy_binary()  # before any model or data is made
     import torch
 
     from tango_fairscale.model.causal_lm import ModelWrapper
@@ -392,8 +398,8 @@ def main() -> None:
         log = args.work / suite / f"{slug}.log"
         started = datetime.datetime.now(datetime.timezone.utc)
         env = None
-        if args.pyspy is not None and label.startswith("package"):
-            command = sampled(command, args.pyspy / f"{slug}.txt")
+        if pyspy is not None and label.startswith("package"):
+            command = sampled(command, pyspy, args.pyspy / f"{slug}.txt")
         if args.scoring_profile is not None and label.startswith("package"):
             env = scoring_profiled_env(args.scoring_profile / slug)
         seconds, code, output, busy = timed(command, log, min(args.timeout_s, left), env)
