@@ -92,7 +92,7 @@ def scored_row_nll(
         len(num_tokens),
     )
     picked = hidden.flatten(0, 1).index_select(0, positions.to(device, non_blocking=True))
-    inputs = (picked, weight, bias, tokens, transform)
+    inputs = (picked, weight, bias, tokens, transform, LOGIT_CHUNK_ROWS)
     num_tokens = num_tokens.to(device, non_blocking=True)
     trains = (
         hidden.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
@@ -110,11 +110,12 @@ def weighted_nll_sum(
     targets: torch.Tensor,
     token_weights: torch.Tensor,
     transform: LogitTransform = IDENTITY,
+    chunk_rows: int = LOGIT_CHUNK_ROWS,
 ) -> torch.Tensor:
     """``sum(token_weights * nll)`` over every position of ``hidden`` ``(N, H)`` against
-    ``targets`` ``(N,)`` (``-100`` where the weight is 0), through :class:`_ScoredCrossEntropy`:
-    static shapes and no host reads (a CUDA graph can hold it), gradients computed in the
-    forward, so no logits are kept for the backward."""
+    ``targets`` ``(N,)`` (``-100`` where the weight is 0), through :class:`_ScoredCrossEntropy`
+    ``chunk_rows`` positions at a time: static shapes and no host reads (a CUDA graph can hold
+    it), gradients computed in the forward, so no logits are kept for the backward."""
     weight, bias = aligned_projection(head)
     tokens = ScoredTokens(
         torch.where(targets == IGNORE_INDEX, 0, targets),  # weighs 0 there: any target serves
@@ -122,7 +123,7 @@ def weighted_nll_sum(
         torch.zeros_like(targets),  # one row: the sum
         1,
     )
-    total, _ = _ScoredCrossEntropy.apply(hidden, weight, bias, tokens, transform)
+    total, _ = _ScoredCrossEntropy.apply(hidden, weight, bias, tokens, transform, chunk_rows)
     return total[0]
 
 
@@ -156,16 +157,12 @@ def _score(
     bias: torch.Tensor | None,
     tokens: ScoredTokens,
     transform: LogitTransform,
+    chunk_rows: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Without gradients: ``(row_mean_nll, row_nll, row_greedy)``, one log-softmax pass and one
     argmax per chunk of logits (fp32; on a GPU in low precision written so by the GEMM)."""
     device_type = hidden.device.type
-    dtype = (
-        torch.get_autocast_dtype(device_type)
-        if torch.is_autocast_enabled(device_type)
-        else hidden.dtype
-    )
-    float_logits = device_type == "cuda" and dtype != torch.float32
+    dtype = _compute_dtype(hidden)
     targets, token_weights, rows, num_rows = tokens
     n = hidden.shape[0]
     token_nll = torch.empty(n, dtype=torch.float32, device=hidden.device)
@@ -173,11 +170,9 @@ def _score(
     with torch.autocast(device_type, enabled=False):
         compute_weight = weight.to(dtype)
         compute_bias = None if bias is None else bias.to(dtype)
-        for start in range(0, n, LOGIT_CHUNK_ROWS):
-            end = min(start + LOGIT_CHUNK_ROWS, n)
-            logits = _project(
-                hidden[start:end].to(dtype), compute_weight, compute_bias, float_logits
-            )
+        for start in range(0, n, chunk_rows):
+            end = min(start + chunk_rows, n)
+            logits = _project(hidden[start:end].to(dtype), compute_weight, compute_bias)
             logits = transform(logits.float())
             chunk_targets = targets[start:end]
             # One fused log-softmax pass (logsumexp alone makes four passes over the logits).
@@ -200,8 +195,8 @@ class ScoredTokens(NamedTuple):
 
 class _ScoredCrossEntropy(torch.autograd.Function):
     """Token cross-entropies of ``transform(hidden @ weight.T + bias)`` against ``targets``,
-    chunk by chunk, summed per row: weighted by ``token_weights`` (differentiable) and plain
-    (not).
+    ``chunk_rows`` positions at a time, summed per row: weighted by ``token_weights``
+    (differentiable) and plain (not).
 
     The forward computes the gradients from each chunk's softmax at once
     (``d nll / d logits = softmax - onehot``, through the transform's derivative) and keeps only
@@ -219,15 +214,12 @@ class _ScoredCrossEntropy(torch.autograd.Function):
         bias: torch.Tensor | None,
         tokens: ScoredTokens,
         transform: LogitTransform,
+        chunk_rows: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
         targets, token_weights, rows, num_rows = tokens
         device_type = hidden.device.type
-        dtype = (
-            torch.get_autocast_dtype(device_type)
-            if torch.is_autocast_enabled(device_type)
-            else hidden.dtype
-        )
+        dtype = _compute_dtype(hidden)
         grad_dtype = torch.float32 if dtype == torch.float16 else dtype
         n, width = hidden.shape
         vocab = weight.shape[0]
@@ -245,11 +237,11 @@ class _ScoredCrossEntropy(torch.autograd.Function):
             compute_bias = None if bias is None else bias.to(dtype)
             # The compute-dtype copy serves the gradient products too, unless those run in fp32.
             projection = compute_weight if grad_dtype == dtype else weight.to(grad_dtype)
-            for start in range(0, n, LOGIT_CHUNK_ROWS):
-                end = min(start + LOGIT_CHUNK_ROWS, n)
+            for start in range(0, n, chunk_rows):
+                end = min(start + chunk_rows, n)
                 chunk = hidden[start:end].to(dtype)
                 token_nll[start:end], grad_logits, chunk_grad_bias = chunk_cross_entropy(
-                    F.linear(chunk, compute_weight, compute_bias),
+                    _project(chunk, compute_weight, compute_bias),
                     targets[start:end],
                     token_weights[start:end],
                     grad_dtype,
@@ -288,19 +280,26 @@ class _ScoredCrossEntropy(torch.autograd.Function):
             None
             if grad_hidden is None
             else (grad_hidden * grad_row_mean[ctx.rows, None]).to(hidden_dtype),
-            None if grad_weight is None else (grad_weight * common).to(weight_dtype),
+            # In place: the forward's (V, H) gradient is not needed again, nor copied.
+            None if grad_weight is None else grad_weight.mul_(common).to(weight_dtype),
             None if grad_bias is None else (grad_bias * common).to(bias_dtype),
+            None,
             None,
             None,
         )
 
 
-def _project(
-    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, float_output: bool
-) -> torch.Tensor:
-    """``hidden @ weight.T + bias``; with ``float_output`` (CUDA) written in fp32 by the GEMM
-    itself, which saves a pass over the logits converting them."""
-    if not float_output:
+def _compute_dtype(hidden: torch.Tensor) -> torch.dtype:
+    """The dtype the projection computes in: autocast's, else ``hidden``'s."""
+    device_type = hidden.device.type
+    autocast = torch.is_autocast_enabled(device_type)
+    return torch.get_autocast_dtype(device_type) if autocast else hidden.dtype
+
+
+def _project(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``hidden @ weight.T + bias``; on a GPU in low precision written in fp32 by the GEMM
+    itself, which saves a pass over the logits converting them (and their low-precision copy)."""
+    if hidden.device.type != "cuda" or hidden.dtype == torch.float32:
         return F.linear(hidden, weight, bias)
     if bias is None:
         return torch.mm(hidden, weight.T, out_dtype=torch.float32)

@@ -10,11 +10,13 @@ padded up to a multiple of :data:`BUCKET_TOKENS` (the main job's 2,000 steps mee
 loss, the mean over queries of each query's mean token nll, is computed over every position with
 per-token weights (0 for contexts and padding) instead of picking the scored positions, whose
 count the host would read; the model's chunked loss computes its gradients in the forward, so no
-logits are kept for the backward. The graph holds the forward and the backward into gradient
-tensors that stay allocated and accumulate (a step of several micro-batches replays one graph
-each, its gradients zeroed first); clipping and the optimizer step run after it as usual (a
-fused AdamW is one launch). Each length is captured the first time a step meets it, after a few
-warm-up passes on a side stream; dropout draws from the graph-safe CUDA generator.
+logits are kept for the backward, and projects :data:`BUCKET_TOKENS` positions at a time (a
+whole row's logits at once held ~10 bytes per token and vocabulary entry). The graph holds the
+forward and the backward into gradient tensors that stay allocated and accumulate (a step of
+several micro-batches replays one graph each, its gradients zeroed first); clipping and the
+optimizer step run after it as usual (a fused AdamW is one launch). Each length is captured the
+first time a step meets it, after a few warm-up passes on a side stream; dropout draws from the
+graph-safe CUDA generator.
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ def static_loss(model: ModelWrapper, batch: dict[str, torch.Tensor]) -> torch.Te
         batch["labels"].flatten(),
         batch["token_weights"].flatten(),
         model.logit_transform,
+        chunk_rows=BUCKET_TOKENS,  # every length is a multiple: full chunks, small logits
     )
 
 
