@@ -301,3 +301,9 @@ done
 echo
 "$PY" benchmarks/index.py --dir "$OUT" --print 2>&1 | tee -a "$LOG"
 echo "== total $(elapsed) s; files: $(cd "$OUT" && find . -type f | sort | tr '\n' ' ')"
+# A device call returns at most 8 files: more go back as one archive beside the call's log.
+if [ "$(find "$OUT" -type f | wc -l)" -gt 8 ]; then
+  (cd "$OUT" && find . -type f ! -path ./log.txt | sort | tar -czf results.tar.gz -T - \
+    && find . -type f ! -name results.tar.gz ! -path ./log.txt -delete)
+  echo "== more than 8 files: packed into results.tar.gz (tar -xzf results.tar.gz)"
+fi
