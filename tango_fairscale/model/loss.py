@@ -172,7 +172,8 @@ def _score(
         compute_bias = None if bias is None else bias.to(dtype)
         for start in range(0, n, chunk_rows):
             end = min(start + chunk_rows, n)
-            logits = _project(hidden[start:end].to(dtype), compute_weight, compute_bias)
+            chunk = hidden[start:end].to(dtype)
+            logits = _project(chunk, compute_weight, compute_bias, fp32_out=dtype != torch.float32)
             logits = transform(logits.float())
             chunk_targets = targets[start:end]
             # One fused log-softmax pass (logsumexp alone makes four passes over the logits).
@@ -227,11 +228,9 @@ class _ScoredCrossEntropy(torch.autograd.Function):
         grad_hidden = hidden.new_empty(n, width, dtype=torch.float32) if need_hidden else None
         grad_weight = weight.new_zeros(vocab, width, dtype=torch.float32) if need_weight else None
         grad_bias = weight.new_zeros(vocab, dtype=torch.float32) if need_bias else None
-        chunk_cross_entropy = (
-            _compiled_chunk_cross_entropy()
-            if device_type == "cuda" and n >= COMPILED_LOSS_MIN_ROWS
-            else _chunk_cross_entropy
-        )
+        compiled = device_type == "cuda" and n >= COMPILED_LOSS_MIN_ROWS
+        chunk_cross_entropy = _compiled_chunk_cross_entropy() if compiled else _chunk_cross_entropy
+        fp32_out = not compiled and dtype != torch.float32  # compiled, the cast fuses into it
         with torch.autocast(device_type, enabled=False):
             compute_weight = weight.to(dtype)
             compute_bias = None if bias is None else bias.to(dtype)
@@ -241,7 +240,7 @@ class _ScoredCrossEntropy(torch.autograd.Function):
                 end = min(start + chunk_rows, n)
                 chunk = hidden[start:end].to(dtype)
                 token_nll[start:end], grad_logits, chunk_grad_bias = chunk_cross_entropy(
-                    _project(chunk, compute_weight, compute_bias),
+                    _project(chunk, compute_weight, compute_bias, fp32_out),
                     targets[start:end],
                     token_weights[start:end],
                     grad_dtype,
@@ -296,10 +295,12 @@ def _compute_dtype(hidden: torch.Tensor) -> torch.dtype:
     return torch.get_autocast_dtype(device_type) if autocast else hidden.dtype
 
 
-def _project(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``hidden @ weight.T + bias``; on a GPU in low precision written in fp32 by the GEMM
+def _project(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, fp32_out: bool
+) -> torch.Tensor:
+    """``hidden @ weight.T + bias``; with ``fp32_out``, on a GPU, written in fp32 by the GEMM
     itself, which saves a pass over the logits converting them (and their low-precision copy)."""
-    if hidden.device.type != "cuda" or hidden.dtype == torch.float32:
+    if not fp32_out or hidden.device.type != "cuda":
         return F.linear(hidden, weight, bias)
     if bias is None:
         return torch.mm(hidden, weight.T, out_dtype=torch.float32)
