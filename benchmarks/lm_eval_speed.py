@@ -340,6 +340,9 @@ def main() -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     shape = _bench.SHAPES["tiny" if args.tiny else "124m"]
     config = {"model_type": "gpt2", "n_positions": 1024, **shape}
+    # A warm device machine keeps /tmp between calls: a workspace left there would hold the
+    # requests, and the "fresh workspace" command would build none.
+    shutil.rmtree(args.work, ignore_errors=True)
     model_dirs = {"first": args.work / "model", "second": args.work / "model2"}
     for seed, model_dir in enumerate(model_dirs.values()):
         ModelWrapper(config=config, tokenizer=str(args.tokenizer), seed=seed).save(model_dir)
