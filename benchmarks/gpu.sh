@@ -15,7 +15,8 @@
 # each command's main process under cProfile, the top functions in SUITE/profile/; its rates are
 # not figures), BENCH_TINY=1 (CPU smoke test: --tiny sizes, GPU counts not checked),
 # BENCH_SKIP_INSTALL=1, PYTHON, LM_EVAL_SUITES (the lm-eval suite's own suites, in this order:
-# piqa,synthetic measures the PIQA command first; default synthetic,piqa).
+# piqa,synthetic measures the PIQA command first; default synthetic,piqa), LM_EVAL_TOOLS (its
+# tools: package,lm-eval by default; package alone has no peer in the call).
 #
 # Suites (name | GPUs | nominal seconds | the figure it produces); `gpu.sh --list` and
 # benchmarks/index.py read these lines:
@@ -228,8 +229,8 @@ suite_pipe() {  # one process, the stages on every visible GPU, against ddp-bf16
 
 suite_lm_eval() {  # lm_eval_speed.json: requests/s and command seconds of each tool and setting
   step "$BUDGET" "$PY" benchmarks/lm_eval_speed.py "${TINY[@]}" --piqa "$PIQA" --tokenizer "$TOK" \
-    ${LM_EVAL_SUITES:+--suites "$LM_EVAL_SUITES"} --timeout-s 150 --budget-s $(( BUDGET - 25 )) \
-    --out "$DIR/lm_eval_speed.json"
+    ${LM_EVAL_SUITES:+--suites "$LM_EVAL_SUITES"} ${LM_EVAL_TOOLS:+--tools "$LM_EVAL_TOOLS"} \
+    --timeout-s 150 --budget-s $(( BUDGET - 25 )) --out "$DIR/lm_eval_speed.json"
   [ "$DRY_RUN" = 1 ] || grep '^{' "$DIR/log.txt" | tee -a "$LOG"
 }
 

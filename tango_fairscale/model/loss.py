@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from ..data.batches import IGNORE_INDEX
+from ..data.batches import IGNORE_INDEX, to_device
 from .projection import aligned_projection
 
 #: Rows of logits computed at once (a 4096 × 50257 fp32 chunk is 0.8 GB).
@@ -81,19 +81,19 @@ def scored_row_nll(
         rows = positions // targets.shape[1]
     else:
         assert num_groups is not None
-        rows = groups.flatten()[positions.to(groups.device)].to(positions.device)
+        rows = groups.flatten().index_select(0, positions.to(groups.device)).to(positions.device)
         num_tokens = torch.bincount(rows, minlength=num_groups)
-    token_weights = (1.0 / num_tokens.clamp(min=1).float())[rows]
+    token_weights = (1.0 / num_tokens.clamp(min=1).float()).index_select(0, rows)
     weight, bias = aligned_projection(head)
     tokens = ScoredTokens(
-        targets.flatten()[positions].to(device, non_blocking=True),
-        token_weights.to(device, non_blocking=True),
-        rows.to(device, non_blocking=True),
+        to_device(targets.flatten().index_select(0, positions), device),
+        to_device(token_weights, device),
+        to_device(rows, device),
         len(num_tokens),
     )
-    picked = hidden.flatten(0, 1).index_select(0, positions.to(device, non_blocking=True))
+    picked = hidden.flatten(0, 1).index_select(0, to_device(positions, device))
     inputs = (picked, weight, bias, tokens, transform, LOGIT_CHUNK_ROWS)
-    num_tokens = num_tokens.to(device, non_blocking=True)
+    num_tokens = to_device(num_tokens, device)
     trains = (
         hidden.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     )
