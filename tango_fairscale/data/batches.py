@@ -194,12 +194,3 @@ def training_batch(
     if packed:
         return packed_batch(queries, pad_token_id, TRAINING_WIDTH_MULTIPLE)
     return collate(queries, pad_token_id, TRAINING_WIDTH_MULTIPLE, max_width=max_length + 1)
-
-
-def to_device(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
-    """``tensor`` on ``device``, copied without the host waiting for the device: to a GPU from
-    page-locked memory. A copy from pageable memory may first wait for the work already queued
-    on the GPU, so the host could not prepare the next batch while the GPU computes this one."""
-    if torch.device(device).type == "cuda" and tensor.device.type == "cpu":
-        tensor = tensor.pin_memory()
-    return tensor.to(device, non_blocking=True)

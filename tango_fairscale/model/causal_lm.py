@@ -14,7 +14,7 @@ from tango.integrations.torch import Model
 
 from .. import compat  # noqa: F401  (the fixes; transformers' before it is imported)
 from ..compat.transformers import unpacked_sequences
-from ..data.batches import collate, packed_batch, to_device
+from ..data.batches import collate, packed_batch
 from ..data.queries import Query
 from .decoding import next_token_logits
 from .fingerprint import source_fingerprint
@@ -180,7 +180,9 @@ class ModelWrapper(Model, CustomDetHash):
         if query_ids is None:
             raise ValueError("a packed batch (with position_ids) needs query_ids")
         # Packed rows are already shifted: input t predicts labels[:, t].
-        mask = packed_attention_mask(position_ids, to_device(query_ids, input_ids.device))
+        mask = packed_attention_mask(
+            position_ids, query_ids.to(input_ids.device, non_blocking=True)
+        )
         if self.model.config._attn_implementation == "eager":  # an additive mask there
             mask = torch.zeros(mask.shape, device=mask.device).masked_fill_(
                 ~mask, torch.finfo(torch.float32).min
@@ -320,7 +322,7 @@ def move_batch(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
     return {
         name: value
         if name in HOST_INPUTS or not isinstance(value, torch.Tensor)
-        else to_device(value, device)
+        else value.to(device, non_blocking=True)
         for name, value in batch.items()
     }
 

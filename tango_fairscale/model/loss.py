@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from ..data.batches import IGNORE_INDEX, to_device
+from ..data.batches import IGNORE_INDEX
 from .projection import aligned_projection
 
 #: Rows of logits computed at once (a 4096 × 50257 fp32 chunk is 0.8 GB).
@@ -86,14 +86,14 @@ def scored_row_nll(
     token_weights = (1.0 / num_tokens.clamp(min=1).float()).index_select(0, rows)
     weight, bias = aligned_projection(head)
     tokens = ScoredTokens(
-        to_device(targets.flatten().index_select(0, positions), device),
-        to_device(token_weights, device),
-        to_device(rows, device),
+        targets.flatten().index_select(0, positions).to(device, non_blocking=True),
+        token_weights.to(device, non_blocking=True),
+        rows.to(device, non_blocking=True),
         len(num_tokens),
     )
-    picked = hidden.flatten(0, 1).index_select(0, to_device(positions, device))
+    picked = hidden.flatten(0, 1).index_select(0, positions.to(device, non_blocking=True))
     inputs = (picked, weight, bias, tokens, transform, LOGIT_CHUNK_ROWS)
-    num_tokens = to_device(num_tokens, device)
+    num_tokens = num_tokens.to(device, non_blocking=True)
     trains = (
         hidden.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     )
