@@ -18,7 +18,8 @@
 //   train_task     the task trained on when train_steps > 0 (its training split)   piqa
 //
 // Steps: `requests_<task>` for each task (lm-eval's requests, built once for every model: a
-// second model on the same tasks in the same workspace builds none), `scores_<task>` (the
+// second model on the same tasks in the same workspace builds none), `tokens_<task>` (those
+// requests tokenized, once for every model of the same tokenizer files), `scores_<task>` (the
 // model's log-likelihoods or generated texts and lm-eval's results), `metrics` (all tasks'
 // lm-eval results and a flat summary), `trained_model` when training.
 local engines = import 'lib/engines.libsonnet';
@@ -86,11 +87,21 @@ local reads_piqa = std.member(names, 'piqa') || (train_steps > 0 && std.extVar('
     ['requests_' + name]: { type: 'tango_fairscale::task_requests', task: task(name) }
     for name in names
   } + {
+    // ... tokenized once for every model whose tokenizer has the same files (a trained model
+    // keeps its base model's tokenizer).
+    ['tokens_' + name]: {
+      type: 'tango_fairscale::task_tokens',
+      requests: ref('requests_' + name),
+      tokenizer: std.extVar('model'),
+    }
+    for name in names
+  } + {
     ['scores_' + name]: {
       type: 'tango_fairscale::task_scores',
       model: if train_steps > 0 then ref('trained_model') else model,
       task: task(name),
       requests: ref('requests_' + name),
+      tokens: ref('tokens_' + name),
       precision: std.extVar('precision'),
       pack_sequences: null,
     }

@@ -42,6 +42,15 @@ def encode_pair(tokenizer: Any, context: str, continuation: str, max_length: int
 
 def encode_pairs(tokenizer: Any, pairs: Sequence[tuple[str, str]], max_length: int) -> list[Query]:
     """:func:`encode_pair` for many pairs, with a few batched tokenizer calls in all."""
+    return [
+        query_of(ids, context_length, max_length)
+        for ids, context_length in pair_ids(tokenizer, pairs)
+    ]
+
+
+def pair_ids(tokenizer: Any, pairs: Sequence[tuple[str, str]]) -> list[tuple[list[int], int]]:
+    """Each pair's untruncated tokens, context then continuation (the model's window plays no
+    part), and how many of them are the context's."""
     moved = [_move_trailing_spaces(context, continuation) for context, continuation in pairs]
     texts = [context + continuation for context, continuation in moved if context]
     # A context shared by several continuations (the choices of a question) is tokenized once.
@@ -49,7 +58,7 @@ def encode_pairs(tokenizer: Any, pairs: Sequence[tuple[str, str]], max_length: i
     ids = dict(zip(texts, token_ids(tokenizer, texts)))
     alone = [continuation for context, continuation in moved if not context]
     ids_alone = dict(zip(alone, token_ids(tokenizer, alone, special_tokens=False)))
-    queries = []
+    encoded = []
     for context, continuation in moved:
         if context:
             context_tokens = ids[context]
@@ -60,14 +69,20 @@ def encode_pairs(tokenizer: Any, pairs: Sequence[tuple[str, str]], max_length: i
             raise ValueError(
                 f"continuation {continuation!r} encodes to no tokens after {context!r}"
             )
-        # The model sees the context's own tokens, then the continuation's (as lm-eval feeds
-        # them), at most max_length + 1 of them.
-        tokens = (context_tokens + continuation_tokens)[-(max_length + 1) :]
-        # A continuation longer than the window is scored on the tokens the model can predict
-        # (lm-eval's HF backend refuses it).
-        scored = min(len(continuation_tokens), len(tokens) - 1)
-        queries.append(Query(tuple(tokens), scored, len(continuation_tokens) - scored))
-    return queries
+        encoded.append((context_tokens + continuation_tokens, len(context_tokens)))
+    return encoded
+
+
+def query_of(ids: Sequence[int], context_length: int, max_length: int) -> Query:
+    """The query of a pair's untruncated ``ids`` (:func:`pair_ids`) for a model of ``max_length``:
+    the model sees the context's own tokens, then the continuation's (as lm-eval feeds them), at
+    most ``max_length + 1`` of them."""
+    tokens = tuple(ids[-(max_length + 1) :])
+    continuation_length = len(ids) - context_length
+    # A continuation longer than the window is scored on the tokens the model can predict
+    # (lm-eval's HF backend refuses it).
+    scored = min(continuation_length, len(tokens) - 1)
+    return Query(tokens, scored, continuation_length - scored)
 
 
 def prefix_token_id(tokenizer: Any) -> int | None:

@@ -8,7 +8,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -62,6 +62,11 @@ class ScorerLM(LM):
         self.truncated_continuations = 0
         #: Each (context, continuation) pair's query, encoded once for this LM's evaluations.
         self._encoded: dict[tuple[str, str], Query] = {}
+
+    def take_queries(self, queries: Mapping[tuple[str, str], Query]) -> None:
+        """Score these pairs' queries, encoded elsewhere for this model's tokenizer and window
+        (``tango_fairscale::task_tokens``), instead of encoding them."""
+        self._encoded.update(queries)
 
     def loglikelihood(
         self, requests: Sequence[Any], disable_tqdm: bool = False

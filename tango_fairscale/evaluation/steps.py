@@ -20,6 +20,7 @@ from ..parallel.precision import resolve_precision
 from ..tasks.format import JsonDataFormat
 from ..tasks.lm_eval import TaskSpec, load_tasks
 from ..tasks.requests import check_requests, use_requests
+from ..tasks.tokens import checked_pairs, known_queries
 from .call import EvalOptions, GenerationSettings, ModelCall
 from .evaluator import Evaluator
 from .harness import merge, summary
@@ -72,6 +73,10 @@ class TaskScoresStep(Step[dict]):
         (:func:`~tango_fairscale.tasks.requests.use_requests`), so every request, score and
         metric is the one it would have built; ``null``: built here (chat-templated tasks).
         Not part of the cache key: they are a function of ``task``, which is.
+    :param tokens: those requests tokenized once for every model of the tokenizer, by a
+        ``tango_fairscale::task_tokens`` step (refused in one line when made with another
+        tokenizer or from other requests); ``null``: tokenized here. Not part of the cache key:
+        they are a function of the requests and of the model's tokenizer, which are.
 
     Returns lm-eval's results JSON for the task (``results`` with keys such as ``acc,none`` and
     ``acc_stderr,none``, ``groups``, ``n-samples``, ``n-shot``, ``versions``, ...) and its
@@ -91,7 +96,7 @@ class TaskScoresStep(Step[dict]):
     DETERMINISTIC = True
     CACHEABLE = True
     FORMAT = JsonDataFormat()
-    SKIP_ID_ARGUMENTS = {"batch_size", "max_batch_tokens", "pack_sequences", "requests"}
+    SKIP_ID_ARGUMENTS = {"batch_size", "max_batch_tokens", "pack_sequences", "requests", "tokens"}
 
     @classmethod
     def massage_kwargs(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -129,6 +134,7 @@ class TaskScoresStep(Step[dict]):
         max_gen_toks: int = GenerationSettings.max_gen_toks,
         generation_seed: int = GenerationSettings.seed,
         requests: dict | None = None,
+        tokens: dict | None = None,
     ) -> dict:
         options = EvalOptions(batch_size, max_batch_tokens)
         generation = GenerationSettings(max_gen_toks, generation_seed)
@@ -147,6 +153,11 @@ class TaskScoresStep(Step[dict]):
         if requests is not None:  # built once by a task_requests step: lm-eval takes them
             check_requests(task, requests, loaded)
             use_requests(loaded, requests)
+        if tokens is not None:
+            if requests is None:
+                raise ConfigurationError("tokens need their requests: give task_scores both")
+            fields = given.origin[2]  # model_origin's arguments
+            pairs = checked_pairs(tokens, requests, fields["tokenizer"] or fields["model"])
         # fp32 weights whatever the model holds (bf16 ones under bf16-true), on the device
         scorer = evaluation_model(given, device, resolved.param_dtype)
         if pack_sequences is None:
@@ -159,6 +170,8 @@ class TaskScoresStep(Step[dict]):
             generation,
         )
         evaluator.check(task, loaded)
+        if tokens is not None:
+            evaluator.lm.take_queries(known_queries(tokens, pairs, scorer.max_length))
         with scoring_precision(scorer, resolved):
             scores = evaluator.evaluate(task, loaded, bootstrap_iters)
         scores["config"] = {"precision": resolved.name, "device": device.type}

@@ -36,6 +36,26 @@ def source_fingerprint(source: str) -> tuple[Any, ...]:
     return ("path", source)
 
 
+#: Files of a model directory that hold its weights, not its tokenizer.
+WEIGHT_FILE_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".gguf")
+
+
+def tokenizer_fingerprint(source: str) -> tuple[Any, ...]:
+    """:func:`source_fingerprint` of a tokenizer's source, where a local directory's weights play
+    no part (its other files by content), so that the models of one tokenizer share it."""
+    if not os.path.isdir(source):
+        return source_fingerprint(source)
+    files = [
+        path
+        for path in sorted(Path(source).iterdir())
+        if path.is_file()
+        and not path.name.startswith(".")
+        and not path.name.endswith(WEIGHT_FILE_SUFFIXES)
+        and not path.name.endswith(".index.json")  # a sharded checkpoint's weight index
+    ]
+    return ("tokenizer", local_fingerprint(files, relative_to=source))
+
+
 def is_hub_id(source: str) -> bool:
     """Whether ``source``, not a local directory, reads as ``name`` or ``org/name``."""
     return (

@@ -1,6 +1,7 @@
 """How the package's steps store their results in the workspace: a data step's ``DatasetDict``, a
-task's requests, and the JSON results of the evaluation steps — one JSON file each, read back as
-data only (no pickle, no class named by the file: nothing read runs code)."""
+task's requests, its tokens and the JSON results of the evaluation steps — JSON files (and the
+tokens' arrays in safetensors), read back as data only (no pickle, no class named by the file:
+nothing read runs code)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,10 @@ from .. import compat  # noqa: F401  (Tango fixes)
 
 DATA_FILE = "dataset_dict.json"
 REQUESTS_FILE = "requests.json"
+TOKENS_FILE = "tokens.json"
+TOKEN_ARRAYS_FILE = "tokens.safetensors"
+#: The arrays of a stored tokens result, with their element types.
+TOKEN_ARRAYS = {"ids": "int32", "offsets": "int64", "context_lengths": "int32"}
 #: Tango's ``JsonFormat`` file, which :class:`JsonDataFormat` writes and reads as data.
 JSON_FILE = "data.json"
 
@@ -83,6 +88,53 @@ class RequestsFormat(Format[dict]):
                 "again"
             )
         return stored
+
+
+@Format.register("tango_fairscale::tokens")
+class TokensFormat(Format[dict]):
+    """Stores a ``tango_fairscale::task_tokens`` result: its JSON values in ``tokens.json``, its
+    1-D integer tensors (``TOKEN_ARRAYS``) in ``tokens.safetensors``.
+
+    Registered as a Tango ``Format`` under the name ``"tango_fairscale::tokens"``. Reading builds
+    plain data and tensors only; files of another shape raise a one-line ``ValueError`` naming
+    them."""
+
+    VERSION = "001"
+
+    def write(self, artifact: dict, dir: PathOrStr) -> None:
+        from safetensors.torch import save_file
+
+        fields = {key: value for key, value in artifact.items() if key not in TOKEN_ARRAYS}
+        (Path(dir) / TOKENS_FILE).write_text(json.dumps(fields, allow_nan=False), encoding="utf-8")
+        arrays = {key: artifact[key].contiguous() for key in TOKEN_ARRAYS}
+        save_file(arrays, str(Path(dir) / TOKEN_ARRAYS_FILE))
+
+    def read(self, dir: PathOrStr) -> dict:
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        fields = _read_json(dir, TOKENS_FILE)
+        path = Path(dir) / TOKEN_ARRAYS_FILE
+        try:
+            arrays = load_file(str(path))
+        except (OSError, SafetensorError) as error:
+            raise ValueError(
+                f"{path} cannot be read ({error}); delete {dir} to compute the step again"
+            ) from None
+        if (
+            not isinstance(fields, dict)
+            or "format" not in fields
+            or sorted(arrays) != sorted(TOKEN_ARRAYS)
+            or any(
+                str(arrays[key].dtype) != f"torch.{kind}" or arrays[key].dim() != 1
+                for key, kind in TOKEN_ARRAYS.items()
+            )
+        ):
+            raise ValueError(
+                f"{dir} does not hold a stored task_tokens result; delete it to compute the step "
+                "again"
+            )
+        return fields | arrays
 
 
 @Format.register("tango_fairscale::json")

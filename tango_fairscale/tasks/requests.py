@@ -59,17 +59,23 @@ class TaskRequestsStep(Step[dict]):
     @property
     def unique_id(self) -> str:
         """Tango's unique id, with lm-eval's version hashed beside the task spec."""
-        if self.unique_id_cache is not None:
-            return self.unique_id_cache
-        kwargs = self.kwargs
-        self.kwargs = {**kwargs, "lm_eval_version": lm_eval_version()}
-        try:
-            return super().unique_id
-        finally:
-            self.kwargs = kwargs
+        return unique_id_with(self, lm_eval_version=lm_eval_version())
 
     def run(self, task: TaskSpec) -> dict:  # type: ignore[override]
         return build_requests(task)
+
+
+def unique_id_with(step: Step, **hashed: Any) -> str:
+    """``step``'s Tango unique id computed as if its arguments were updated with ``hashed``
+    (what stands for an argument in the cache key, or what the key holds beside them)."""
+    if step.unique_id_cache is not None:
+        return step.unique_id_cache
+    kwargs = step.kwargs
+    step.kwargs = {**kwargs, **hashed}
+    try:
+        return Step.unique_id.fget(step)  # type: ignore[attr-defined]
+    finally:
+        step.kwargs = kwargs
 
 
 def lm_eval_version() -> str:

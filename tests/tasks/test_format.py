@@ -1,6 +1,7 @@
 """``DatasetDictFormat``: a data step's ``DatasetDict`` stored as JSON, read back as data only;
 ``RequestsFormat`` (a ``task_requests`` result) and ``JsonDataFormat`` (the evaluation steps'
-results: Tango's ``JsonFormat`` file) likewise.
+results: Tango's ``JsonFormat`` file) likewise; ``TokensFormat`` (a ``task_tokens`` result) as
+JSON and safetensors arrays.
 
 * strings kept exactly (unicode, trailing and double spaces), labels, metadata;
 * the PIQA step stores its result in it: one JSON file in the workspace, no pickle;
@@ -28,6 +29,7 @@ from tango_fairscale.tasks.format import (
     DatasetDictFormat,
     JsonDataFormat,
     RequestsFormat,
+    TokensFormat,
 )
 from tango_fairscale.tasks.piqa import PiqaDataStep
 
@@ -128,3 +130,26 @@ def test_json_results_are_tangos_file_read_as_data(
         read = JsonDataFormat().read(tmp_path / name)
         assert read["x"] == planted and read["results"]["piqa"]["acc,none"] == 0.5
     assert not marker.exists() and "planted_results" not in sys.modules
+
+
+def test_stored_tokens_round_trip_and_other_arrays_are_refused(tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    tokens = {
+        "format": 1,
+        "tokenizer": ["tokenizer", "abc"],
+        "pairs": "def",
+        "ids": torch.tensor([5, 6, 7], dtype=torch.int32),
+        "offsets": torch.tensor([0, 1, 3]),
+        "context_lengths": torch.tensor([0, 1], dtype=torch.int32),
+    }
+    TokensFormat().write(tokens, tmp_path)
+    back = TokensFormat().read(tmp_path)
+    assert back.keys() == tokens.keys()
+    assert all(torch.equal(back[k], v) if isinstance(v, torch.Tensor) else back[k] == v
+               for k, v in tokens.items())  # fmt: skip
+    save_file({"ids": torch.zeros(3, dtype=torch.float32)}, str(tmp_path / "tokens.safetensors"))
+    with pytest.raises(ValueError, match="does not hold a stored task_tokens result") as error:
+        TokensFormat().read(tmp_path)
+    assert "\n" not in str(error.value)

@@ -4,7 +4,8 @@
   not depend on Python's hash seed (a pickled model held ``GenerationConfig``'s salted hash);
 * through ``tango run``: ``configs/gpt2_piqa.jsonnet`` (``train_steps=0``) and
   ``configs/mc_suite.jsonnet`` (local task directories) rerun under another hash seed start no
-  step; another model on the same tasks in the same workspace starts no requests step; after a
+  step; another model on the same tasks in the same workspace starts no requests step (nor,
+  with the same tokenizer, a tokens step); after a
   directory is overwritten in place, exactly the steps that read it run again;
   PIQA labels flipped in place give the new metrics.
 
@@ -171,15 +172,15 @@ def test_mc_suite_reruns_start_no_step_until_a_task_directory_changes(
     }
     config, workspace = "configs/mc_suite.jsonnet", tmp_path / "workspace"
     scores = {"scores_copa", "scores_arc_easy", "metrics"}
-    steps = scores | {"requests_copa", "requests_arc_easy"}
+    steps = scores | {"requests_copa", "requests_arc_easy", "tokens_copa", "tokens_arc_easy"}
     assert started(tango_run(config, workspace, defines, "1")) == steps
     assert started(tango_run(config, workspace, defines, "2")) == set()
-    # a second model on the same suite: no request is built again
+    # a second model on the same suite and tokenizer: no request is built or tokenized again
     other = save_tiny_gpt2(tmp_path / "other-model", tokenizer_dir, seed=2, n_positions=256)
     assert started(tango_run(config, workspace, defines | {"model": str(other)}, "3")) == scores
     (tasks / "copa").unlink()  # the same path, other documents
     copa = shutil.copytree(FIXTURE_TASKS / "copa", tasks / "copa")
     lines = (copa / "validation.jsonl").read_text().splitlines()
     (copa / "validation.jsonl").write_text("\n".join(reversed(lines)) + "\n")
-    changed = {"requests_copa", "scores_copa", "metrics"}
+    changed = {"requests_copa", "tokens_copa", "scores_copa", "metrics"}
     assert started(tango_run(config, workspace, defines, "4")) == changed
