@@ -19,7 +19,7 @@ from ..model.causal_lm import ModelWrapper, packing_refusal
 from ..parallel.precision import resolve_precision
 from ..tasks.format import JsonDataFormat
 from ..tasks.lm_eval import TaskSpec, load_tasks
-from ..tasks.requests import check_requests, use_requests
+from ..tasks.requests import check_requests, unique_id_with, use_requests
 from ..tasks.tokens import checked_pairs, known_queries
 from .call import EvalOptions, GenerationSettings, ModelCall
 from .evaluator import Evaluator
@@ -113,14 +113,9 @@ class TaskScoresStep(Step[dict]):
     def unique_id(self) -> str:
         """Tango's unique id, with a :class:`ModelSource` hashed as the model it loads."""
         model = self.kwargs.get("model")
-        if self.unique_id_cache is not None or not isinstance(model, ModelSource):
+        if not isinstance(model, ModelSource):
             return super().unique_id
-        kwargs = self.kwargs
-        self.kwargs = {**kwargs, "model": model.hash_stand_in()}
-        try:
-            return super().unique_id
-        finally:
-            self.kwargs = kwargs
+        return unique_id_with(self, model=model.hash_stand_in())
 
     def run(  # type: ignore[override]
         self,

@@ -20,7 +20,7 @@ from typing import Any
 from tango.common import Lazy
 from tango.common.exceptions import ConfigurationError
 
-from ..records.fingerprint import local_fingerprint
+from ..records.fingerprint import WEIGHT_SUFFIXES, local_fingerprint
 
 HUB_TIMEOUT_S = 10.0
 _COMMIT = re.compile(r"[0-9a-f]{40}")
@@ -36,10 +36,6 @@ def source_fingerprint(source: str) -> tuple[Any, ...]:
     return ("path", source)
 
 
-#: Files of a model directory that hold its weights, not its tokenizer.
-WEIGHT_FILE_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".gguf")
-
-
 def tokenizer_fingerprint(source: str) -> tuple[Any, ...]:
     """:func:`source_fingerprint` of a tokenizer's source, where a local directory's weights play
     no part (its other files by content), so that the models of one tokenizer share it."""
@@ -50,7 +46,7 @@ def tokenizer_fingerprint(source: str) -> tuple[Any, ...]:
         for path in sorted(Path(source).iterdir())
         if path.is_file()
         and not path.name.startswith(".")
-        and not path.name.endswith(WEIGHT_FILE_SUFFIXES)
+        and not path.name.endswith(WEIGHT_SUFFIXES)
         and not path.name.endswith(".index.json")  # a sharded checkpoint's weight index
     ]
     return ("tokenizer", local_fingerprint(files, relative_to=source))
