@@ -1,0 +1,181 @@
+"""Where a scoring pass's wall time goes on one GPU: the host (packing, Python through the model)
+or the GPU, and whether anything in a forward waits for the device.
+
+A GPT-2 124M (random weights, bf16-mixed as ``task_scores`` scores) scores the synthetic suite's
+shapes with random tokens: HellaSwag's (10,000 contexts of 60-140 tokens, four endings of 20-45)
+and MMLU's (12,000 contexts of 80-300 tokens, one-token answers), in the package's packed
+batches. For each task, after a warm-up pass:
+
+- ``pass_s``: :func:`~tango_fairscale.evaluation.scoring.score_queries` as the step calls it;
+- ``pack_s``: building its packed batches on the host alone;
+- ``enqueue_s`` / ``forwards_s``: the same forwards over batches packed and moved beforehand,
+  queued without a wait: the host's time to queue them, then the time until the GPU is done
+  (``forwards_s`` near ``enqueue_s``: bound by the host; near the kernels' time: by the GPU);
+- ``device_waits``: the places in one forward where the host waits for the GPU
+  (``torch.cuda.set_sync_debug_mode("warn")``), with their Python stack.
+
+    python benchmarks/scoring_probe.py [--tokenizer DIR] [--out scoring_probe.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+import traceback
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _bench  # noqa: E402
+
+_bench.setup_paths()
+
+
+def task_queries(task: str, scale: float = 1.0, seed: int = 0) -> list[Any]:
+    """Random-token queries in the synthetic task's shape (see the module docstring), ``scale``
+    times as many."""
+    from tango_fairscale.data.queries import Query
+
+    rng = random.Random(seed)
+
+    def tokens(low: int, high: int) -> tuple[int, ...]:
+        return tuple(rng.randrange(50000) for _ in range(rng.randint(low, high)))
+
+    queries = []
+    if task == "hellaswag":
+        for _ in range(int(10000 * scale)):
+            context = tokens(60, 140)
+            for _ in range(4):
+                ending = tokens(20, 45)
+                queries.append(Query(context + ending, len(ending)))
+    else:
+        for _ in range(int(12000 * scale)):
+            queries.append(Query(tokens(80, 300) + tokens(1, 1), 1))
+    return queries
+
+
+def device_waits(forward: Any, batch: dict[str, torch.Tensor]) -> list[str]:
+    """Each wait for the device in one ``forward(batch)``: its message and the innermost
+    package or transformers frames of its Python stack."""
+    found: list[str] = []
+
+    def record(message: Any, *args: Any, **kwargs: Any) -> None:
+        frames = [
+            f"{frame.filename.split('/')[-1]}:{frame.lineno} {frame.name}"
+            for frame in traceback.extract_stack()
+            if "tango_fairscale" in frame.filename or "transformers" in frame.filename
+        ]
+        found.append(f"{str(message)[:120]} | {' < '.join(reversed(frames[-4:]))}")
+
+    if batch["input_ids"].device.type != "cuda":
+        return []
+    torch.cuda.synchronize()
+    shown = warnings.showwarning
+    warnings.showwarning = record
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                forward(batch)
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+    finally:
+        warnings.showwarning = shown
+    return found
+
+
+def probe_task(model: Any, task: str, options: Any, scale: float) -> dict[str, Any]:
+    from tango_fairscale.data.batches import packed_batch
+    from tango_fairscale.data.schedules import scoring_batches
+    from tango_fairscale.evaluation.scoring import SCORING_WIDTH_MULTIPLE, score_queries
+    from tango_fairscale.model.causal_lm import move_batch
+
+    device = next(model.parameters()).device
+    queries = task_queries(task, scale)
+
+    def forward(batch: dict[str, torch.Tensor]) -> Any:
+        return model(**move_batch(batch, device))
+
+    pad = model.pad_token_id
+
+    def score() -> Any:
+        return score_queries(forward, queries, options, pad_token_id=pad, device=device)
+
+    on_gpu = device.type == "cuda"
+
+    def synchronize() -> None:
+        if on_gpu:
+            torch.cuda.synchronize()
+
+    score()  # warm-up: kernels, the allocator's pools
+    synchronize()
+    started = time.perf_counter()
+    score()
+    synchronize()
+    pass_s = time.perf_counter() - started
+
+    started = time.perf_counter()
+    indices = scoring_batches(queries, options.batch_size, options.max_batch_tokens, True)
+    batches = [
+        packed_batch([queries[i] for i in rows], pad, width_multiple=SCORING_WIDTH_MULTIPLE)
+        for rows in indices
+    ]
+    pack_s = time.perf_counter() - started
+    moved = [move_batch(batch, device) for batch in batches]
+    synchronize()
+    started = time.perf_counter()
+    outputs = [model(**batch)["loglikelihood"] for batch in moved]
+    enqueue_s = time.perf_counter() - started
+    synchronize()
+    forwards_s = time.perf_counter() - started
+    del outputs
+    return {
+        "task": task,
+        "queries": len(queries),
+        "forwards": len(batches),
+        "tokens": sum(int(batch["input_ids"].numel()) for batch in batches),
+        "pass_s": round(pass_s, 3),
+        "pack_s": round(pack_s, 3),
+        "enqueue_s": round(enqueue_s, 3),
+        "forwards_s": round(forwards_s, 3),
+        "host_ms_per_forward": round((pack_s + enqueue_s) / len(batches) * 1e3, 2),
+        "device_waits": device_waits(lambda batch: model(**batch), moved[0]),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    _bench.add_data_arguments(parser)
+    parser.add_argument("--out", type=Path, default=Path("scoring_probe.json"))
+    parser.add_argument("--tiny", action="store_true", help="CPU smoke test (2%% of the queries)")
+    args = parser.parse_args()
+    from tango_fairscale.evaluation.call import EvalOptions
+    from tango_fairscale.evaluation.lm import scoring_precision
+    from tango_fairscale.model.causal_lm import ModelWrapper
+    from tango_fairscale.parallel.precision import resolve_precision
+
+    device = torch.device("cpu" if args.tiny else "cuda")
+    shape = "tiny" if args.tiny else "124m"
+    model = ModelWrapper(config=_bench.gpt2_config(shape), tokenizer=str(args.tokenizer))
+    model.eval().to(device)
+    options = EvalOptions(packed=True, progress=False)
+    rows = []
+    with scoring_precision(model, resolve_precision("bf16-mixed", device)):
+        for task in ("hellaswag", "mmlu"):
+            rows.append(probe_task(model, task, options, 0.02 if args.tiny else 1.0))
+            print(json.dumps(rows[-1]), flush=True)
+    _bench.write_json(
+        args.out,
+        {"environment": _bench.environment(None), "options": str(options), "tasks": rows},
+    )
+
+
+if __name__ == "__main__":
+    main()
