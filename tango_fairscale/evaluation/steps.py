@@ -19,7 +19,7 @@ from ..model.causal_lm import ModelWrapper, packing_refusal
 from ..parallel.precision import resolve_precision
 from ..tasks.format import JsonDataFormat
 from ..tasks.lm_eval import TaskSpec, load_tasks
-from ..tasks.requests import check_requests, unique_id_with, use_requests
+from ..tasks.requests import check_requests, loaded_tasks, unique_id_with, use_requests
 from ..tasks.tokens import checked_pairs, known_queries
 from .call import EvalOptions, GenerationSettings, ModelCall
 from .evaluator import Evaluator
@@ -144,10 +144,13 @@ class TaskScoresStep(Step[dict]):
             )
         device = default_device()
         resolved = resolve_precision(precision, device)
-        loaded = load_tasks(task)  # checked before the model is loaded or scores anything
+        # Checked before the model is loaded or scores anything (loaded by the requests step
+        # when it ran in this process).
+        loaded = loaded_tasks(task) if requests is not None else load_tasks(task)
         if requests is not None:  # built once by a task_requests step: lm-eval takes them
-            check_requests(task, requests, loaded)
-            use_requests(loaded, requests)
+            check_requests(task, requests, loaded)  # local data: its fingerprint too
+            local = task.data_dir is not None or task.dataset is not None
+            use_requests(loaded, requests, documents_keyed=local)
         if tokens is not None:
             if requests is None:
                 raise ConfigurationError("tokens need their requests: give task_scores both")

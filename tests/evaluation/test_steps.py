@@ -65,12 +65,14 @@ def test_a_second_model_on_the_same_task_builds_no_request(
     tmp_path: Path, tiny_model_dir: Path, tokenizer_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Two models scored on one task in one workspace: the ``task_requests`` step runs once (the
-    second scoring finds it in the cache), lm-eval builds no request in either scoring, and each
-    model's results equal ``task_scores`` building the requests itself."""
+    second scoring finds it in the cache), lm-eval builds no request in either scoring, the
+    first scoring takes the tasks the requests step loaded, and each model's results equal
+    ``task_scores`` building the requests itself."""
     from conftest import save_tiny_gpt2
     from lm_eval.api.task import ConfigurableTask
     from tango.workspaces import LocalWorkspace
 
+    from tango_fairscale.tasks import requests as requests_module
     from tango_fairscale.tasks.requests import TaskRequestsStep
 
     workspace = LocalWorkspace(tmp_path / "workspace")
@@ -98,13 +100,22 @@ def test_a_second_model_on_the_same_task_builds_no_request(
         return run(self, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(TaskRequestsStep, "run", run_counted)
+    loads: list[int] = []
+    load_tasks = requests_module.load_tasks
+    monkeypatch.setattr(
+        requests_module, "load_tasks", lambda spec: loads.append(1) or load_tasks(spec)
+    )
     runs = []
+    loaded = []
     for step in steps:
-        before = len(contexts)
+        before, loads_before = len(contexts), len(loads)
         result = step.result(workspace)
         runs.append(len(contexts) - before)
+        loaded.append(len(loads) - loads_before)
         assert result["samples"] == expected[len(runs) - 1]["samples"]
         assert result["results"] == expected[len(runs) - 1]["results"]
     assert runs == [6, 0]  # the requests step built 6 contexts, with the first model only
+    # lm-eval loaded the task once a command: the first scoring took the requests step's tasks
+    assert loaded == [1, 1]
     assert started == [requests.unique_id]  # the requests step ran once, for the first model
     assert workspace.step_info(requests).state.value == "completed"

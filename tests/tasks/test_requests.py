@@ -135,6 +135,24 @@ def _not_called(*args: Any, **kwargs: Any) -> None:
     raise AssertionError("a request was built again")
 
 
+def test_local_documents_whose_fingerprint_matched_are_not_hashed_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = spec_of("copa", tmp_path, num_fewshot=SHOTS)
+    stored = stored_requests(spec)
+    built, restored = load_tasks(spec), load_tasks(spec)
+    check_requests(spec, stored, restored)  # the data directory's fingerprint among the fields
+    use_requests(restored, stored, documents_keyed=True)
+    monkeypatch.setattr(requests_module, "doc_hash", _not_called)
+    for task in restored["tasks"].values():
+        task.construct_requests = task.fewshot_context = _not_called
+    for loaded in (built, restored):
+        loaded["tasks"]["copa"].set_fewshot_seed(seed=spec.fewshot_seed)
+        loaded["tasks"]["copa"].build_all_requests(limit=LIMIT, rank=0, world_size=1)
+    expected = instance_fields(built["tasks"]["copa"])
+    assert instance_fields(restored["tasks"]["copa"]) == expected and expected
+
+
 def test_its_key_is_the_task_configuration_not_the_model(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
