@@ -141,16 +141,29 @@ def family_model_dir(tmp_path_factory, tokenizer_dir):
 
 @contextlib.contextmanager
 def lm_eval_as_released() -> Iterator[None]:
-    """Within the block, lm-eval renders prompts with its own ``apply_template`` (undoing the
-    package's compile-once fix, ``compat/lm_eval.py``): for the references tests compare with."""
+    """Within the block, lm-eval renders prompts with its own ``apply_template`` and lists a
+    task's few-shot documents row by row (undoing the package's fixes, ``compat/lm_eval.py``):
+    for the references tests compare with."""
     from lm_eval import utils
+    from lm_eval.api.task import ConfigurableTask
 
-    patched = utils.apply_template
-    utils.apply_template = getattr(patched, "original", patched)
+    from tango_fairscale.tasks import lm_eval as tasks_lm_eval
+
+    patched = utils.apply_template, ConfigurableTask.fewshot_docs
+    fixes = tasks_lm_eval.compile_templates_once, tasks_lm_eval.read_fewshot_docs_in_bulk
+    utils.apply_template = getattr(patched[0], "original", patched[0])
+    ConfigurableTask.fewshot_docs = getattr(patched[1], "original", patched[1])
+    # load_tasks applies the fixes again unless told not to
+    tasks_lm_eval.compile_templates_once = tasks_lm_eval.read_fewshot_docs_in_bulk = _no_fix
     try:
         yield
     finally:
-        utils.apply_template = patched
+        utils.apply_template, ConfigurableTask.fewshot_docs = patched
+        tasks_lm_eval.compile_templates_once, tasks_lm_eval.read_fewshot_docs_in_bulk = fixes
+
+
+def _no_fix() -> None:
+    pass
 
 
 @pytest.fixture(scope="session")

@@ -58,6 +58,28 @@ def compile_templates_once() -> None:
     utils.apply_template = apply_template  # type: ignore[assignment]
 
 
+def read_fewshot_docs_in_bulk() -> None:
+    """Make ``ConfigurableTask.fewshot_docs`` (which lm-eval's task constructor lists whatever
+    ``num_fewshot``, to build its sampler) return its split as a list read in bulk
+    (:func:`~tango_fairscale.tasks.documents.plain_rows`: the same dicts; HellaSwag's 10,000
+    validation documents: 0.6 s row by row on 2 cores; ``original``: lm-eval's own)."""
+    from lm_eval.api.task import ConfigurableTask
+
+    original = ConfigurableTask.fewshot_docs
+    if getattr(original, "in_bulk", False):
+        return
+
+    def fewshot_docs(self: Any) -> Any:
+        from ..tasks.documents import plain_rows
+
+        docs = original(self)
+        return None if docs is None else plain_rows(docs)
+
+    fewshot_docs.in_bulk = True  # type: ignore[attr-defined]
+    fewshot_docs.original = original  # type: ignore[attr-defined]
+    ConfigurableTask.fewshot_docs = fewshot_docs  # type: ignore[method-assign]
+
+
 #: The task whose requests lm-eval is building (set around ``Task.build_all_requests``).
 _BUILDING: contextvars.ContextVar[str] = contextvars.ContextVar("building", default="lm-eval")
 

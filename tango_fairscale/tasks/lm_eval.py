@@ -18,7 +18,7 @@ from tango.common.exceptions import ConfigurationError
 
 from .. import compat  # noqa: F401  (Tango fixes)
 from ..checks import boolean, one_line, positive_int, text
-from ..compat.lm_eval import compile_templates_once, label_request_bars
+from ..compat.lm_eval import compile_templates_once, label_request_bars, read_fewshot_docs_in_bulk
 from ..records.fingerprint import local_fingerprint
 from .answers import BadAnswer, answer_indices, find_problems
 from .builtin import builtin, full_task_manager
@@ -206,6 +206,7 @@ def load_tasks(spec: TaskSpec, *, training: bool = False) -> TaskDict:
     ``{task: count}`` (absent when none is)."""
     compile_templates_once()
     label_request_bars()
+    read_fewshot_docs_in_bulk()
     manager, item, documents = _source(spec)
     if documents is not None:
         splits = splits_read(item, _num_fewshot(spec, item.get("num_fewshot")), training)

@@ -1,6 +1,7 @@
-"""lm-eval's prompt templates compiled once (``compat/lm_eval.py``): every fixture task's requests,
-two-shot, and its fine-tuning pairs are the ones lm-eval builds as released; each template string
-is compiled once; lm-eval's strict undefined names and its ``regex_replace`` filter still apply."""
+"""lm-eval's prompt templates compiled once and few-shot documents read in bulk
+(``compat/lm_eval.py``): every fixture task's requests, two-shot, and its fine-tuning pairs are
+the ones lm-eval builds as released; each template string is compiled once; lm-eval's strict
+undefined names and its ``regex_replace`` filter still apply."""
 
 from __future__ import annotations
 
@@ -28,12 +29,17 @@ def requests_and_pairs(task_name: str) -> tuple[list, list]:
 @pytest.mark.parametrize("task_name", TASKS)
 def test_requests_and_pairs_equal_lm_evals_own(task_name: str) -> None:
     from lm_eval import utils
+    from lm_eval.api.task import ConfigurableTask
 
     got = requests_and_pairs(task_name)
     assert getattr(utils.apply_template, "compiles_once", False)
+    assert getattr(ConfigurableTask.fewshot_docs, "in_bulk", False)
     with lm_eval_as_released():
         assert not getattr(utils.apply_template, "compiles_once", False)
+        assert not getattr(ConfigurableTask.fewshot_docs, "in_bulk", False)
         expected = requests_and_pairs(task_name)
+        assert not getattr(utils.apply_template, "compiles_once", False)
+        assert not getattr(ConfigurableTask.fewshot_docs, "in_bulk", False)
     assert got == expected and got[0]
 
 

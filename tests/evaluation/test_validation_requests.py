@@ -84,7 +84,7 @@ def test_requests_documents_and_queries_are_built_by_the_first_validation_only(
         "construct_requests",
         counted("requests", ConfigurableTask.construct_requests),
     )
-    monkeypatch.setattr(  # a task's documents read (load_tasks reads them once, in bulk)
+    monkeypatch.setattr(  # a split's documents read (load_tasks reads each once, in bulk)
         task_documents, "plain_rows", counted("documents", task_documents.plain_rows)
     )
     monkeypatch.setattr(
@@ -99,7 +99,7 @@ def test_requests_documents_and_queries_are_built_by_the_first_validation_only(
     built = dict(calls)
     assert built["requests"] == 20 + 24  # a request set per document of each task
     assert 0 < built["pairs"] <= 2 * 20 + 4 * 24  # a pair per choice, identical ones once
-    assert built["documents"] == 2  # each task's scored documents
+    assert built["documents"] == 2 * 2  # each task's scored and few-shot documents, once
     second = validate(engine, shared, tasks)  # type: ignore[arg-type]
     assert calls == built  # nothing built, read or encoded again
     assert second == first
