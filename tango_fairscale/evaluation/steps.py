@@ -19,7 +19,13 @@ from ..model.causal_lm import ModelWrapper, packing_refusal
 from ..parallel.precision import resolve_precision
 from ..tasks.format import JsonDataFormat
 from ..tasks.lm_eval import TaskSpec, load_tasks
-from ..tasks.requests import check_requests, loaded_tasks, unique_id_with, use_requests
+from ..tasks.requests import (
+    check_requests,
+    documents_keyed,
+    loaded_tasks,
+    unique_id_with,
+    use_requests,
+)
 from ..tasks.tokens import checked_pairs, known_queries
 from .call import EvalOptions, GenerationSettings, ModelCall
 from .evaluator import Evaluator
@@ -149,8 +155,7 @@ class TaskScoresStep(Step[dict]):
         loaded = loaded_tasks(task) if requests is not None else load_tasks(task)
         if requests is not None:  # built once by a task_requests step: lm-eval takes them
             check_requests(task, requests, loaded)  # local data: its fingerprint too
-            local = task.data_dir is not None or task.dataset is not None
-            use_requests(loaded, requests, documents_keyed=local)
+            use_requests(loaded, requests, documents_keyed=documents_keyed(task))
         if tokens is not None:
             if requests is None:
                 raise ConfigurationError("tokens need their requests: give task_scores both")

@@ -138,7 +138,8 @@ def build_requests(spec: TaskSpec, loaded: TaskDict | None = None) -> dict[str, 
     ``arguments`` are lm-eval's ``Instance.arguments`` (``(context, continuation)``,
     ``(context, gen_kwargs)``, ``(text,)``) with tuples as lists; ``tuple`` says whether they
     were one; ``fewshot_hash`` is :func:`fewshot_hash`'s (with ``doc_hash``, what
-    :func:`use_requests` checks the data by). Nothing depends on a model or tokenizer, so a
+    :func:`use_requests` checks a hub dataset's documents by; both ``null`` for local files,
+    :func:`documents_keyed`). Nothing depends on a model or tokenizer, so a
     task's chat-templated prompts (``apply_chat_template``: the tokenizer's template builds
     them) are refused."""
     from lm_eval.evaluator_utils import get_sample_size
@@ -162,7 +163,7 @@ def build_requests(spec: TaskSpec, loaded: TaskDict | None = None) -> dict[str, 
             if refusal is not None:
                 raise refusal from None
             raise
-        tasks[name] = _stored_task(name, task, limit)
+        tasks[name] = _stored_task(name, task, limit, hashed=not documents_keyed(spec))
     return {"format": REQUESTS_FORMAT, "label": spec.label, "spec": spec_fields(spec)} | {
         "tasks": tasks
     }
@@ -191,7 +192,15 @@ def _plain(value: Any) -> Any:
     return repr(value)
 
 
-def _stored_task(name: str, task: Any, limit: int | None) -> dict[str, Any]:
+def documents_keyed(spec: TaskSpec) -> bool:
+    """Whether ``spec``'s documents are local files (``data_dir``, a ``dataset`` step), whose
+    fingerprint is among the fields a requests result records (:func:`spec_fields`): then the
+    result holds no document hashes (10,000 HellaSwag documents: ~0.8 s to hash), and
+    :func:`check_requests` stands for them."""
+    return spec.data_dir is not None or spec.dataset is not None
+
+
+def _stored_task(name: str, task: Any, limit: int | None, hashed: bool) -> dict[str, Any]:
     documents: dict[int, dict[str, Any]] = {}
     task_names = set()
     for instance in task.instances:
@@ -199,7 +208,7 @@ def _stored_task(name: str, task: Any, limit: int | None) -> dict[str, Any]:
         if instance.doc_id not in documents:  # each document hashed once, not once a request
             documents[instance.doc_id] = {
                 "doc_id": instance.doc_id,
-                "doc_hash": doc_hash(instance.doc),
+                "doc_hash": doc_hash(instance.doc) if hashed else None,
                 "requests": [],
             }
         document = documents[instance.doc_id]
@@ -217,7 +226,7 @@ def _stored_task(name: str, task: Any, limit: int | None) -> dict[str, Any]:
     return {
         "task_name": task_name,
         "limit": limit,
-        "fewshot_hash": fewshot_hash(task),
+        "fewshot_hash": fewshot_hash(task) if hashed else None,
         "documents": list(documents.values()),
     }
 

@@ -99,8 +99,17 @@ def stored_instances(stored: dict[str, Any]) -> list[tuple]:
     return rows
 
 
+def as_hub_documents(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Requests built from here on hash their documents, as those of a hub dataset (keyed by
+    name) are: the fixtures are local files, whose fingerprint stands for their hashes."""
+    monkeypatch.setattr(requests_module, "documents_keyed", lambda spec: False)
+
+
 @pytest.mark.parametrize("task_name", TASKS + GENERATION)
-def test_the_stored_requests_are_lm_evals_own_instances(task_name: str, tmp_path: Path) -> None:
+def test_the_stored_requests_are_lm_evals_own_instances(
+    task_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    as_hub_documents(monkeypatch)
     stored = stored_requests(spec_of(task_name, tmp_path))
     expected = lm_evals_instances(task_name)
     assert stored_instances(stored) == expected and len({row[1] for row in expected}) == LIMIT
@@ -119,7 +128,7 @@ def test_requests_put_back_are_the_ones_the_task_builds(task_name: str, tmp_path
     stored = stored_requests(spec)
     built, restored = load_tasks(spec), load_tasks(spec)
     check_requests(spec, stored, restored)
-    use_requests(restored, stored)
+    use_requests(restored, stored, documents_keyed=True)  # the fixtures are local files
     for task in restored["tasks"].values():  # nothing is built again
         task.construct_requests = task.fewshot_context = _not_called
     for loaded in (built, restored):
@@ -140,6 +149,9 @@ def test_local_documents_whose_fingerprint_matched_are_not_hashed_again(
 ) -> None:
     spec = spec_of("copa", tmp_path, num_fewshot=SHOTS)
     stored = stored_requests(spec)
+    (block,) = stored["tasks"].values()
+    assert block["fewshot_hash"] is None and block["documents"]
+    assert all(document["doc_hash"] is None for document in block["documents"])
     built, restored = load_tasks(spec), load_tasks(spec)
     check_requests(spec, stored, restored)  # the data directory's fingerprint among the fields
     use_requests(restored, stored, documents_keyed=True)
@@ -219,12 +231,17 @@ def test_requests_of_another_configuration_are_refused_in_one_line(tmp_path: Pat
     ],
 )
 def test_documents_changed_under_cached_requests_are_built_again(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture, split: str, warning: str
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    split: str,
+    warning: str,
 ) -> None:
     """As a hub dataset (keyed by name) may change under a cached requests result: the scored
     documents, or only those the few-shot examples are drawn from."""
     data = shutil.copytree(FIXTURES / "copa", tmp_path / "copa")
     spec = TaskSpec(name="copa", data_dir=str(data), limit=LIMIT, num_fewshot=SHOTS)
+    as_hub_documents(monkeypatch)
     stored = stored_requests(spec)
     changed = data / f"{split}.jsonl"
     lines = changed.read_text().splitlines()
