@@ -14,6 +14,7 @@ import array
 from collections.abc import Sequence
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from .queries import Query
@@ -87,38 +88,46 @@ def packed_batch(
     rows = _next_fit_rows(sizes)
     width = max(sum(sizes[s] for s in row) for row in rows)
     width = -(-width // width_multiple) * width_multiple
-    # Flat Python lists, one tensor each at the end (building them from tensors per piece, or
-    # with torch.repeat_interleave, cost 15x the CPU time).
+    # Token values through flat Python lists (a slice of a query's tuple each), converted once;
+    # everything else from each piece's few numbers, with numpy (per-token Python lists and
+    # their conversion took 2/3 of a 16,000-token batch's 3.3 ms).
     inputs: list[int] = []
-    labels: list[int] = []
-    positions: list[int] = []
-    owners: list[int] = []
+    nexts: list[int] = []  # the token after each input, in its own query
+    placed: list[_Piece] = []
     filled = []
     for row in rows:
         used = 0
         for index in row:
             for piece in pieces[index]:
-                source = queries[piece.source].tokens
-                start, length, scored = piece.start, piece.length, piece.scored_from
-                inputs.extend(source[start : start + length])
-                labels.extend([IGNORE_INDEX] * scored)
-                labels.extend(source[start + scored + 1 : start + length + 1])
-                positions.extend(range(start, start + length))
-                owners.extend([piece.query_id] * length)
-                used += length
+                source, start, end = (
+                    queries[piece.source].tokens,
+                    piece.start,
+                    piece.start + piece.length,
+                )
+                inputs.extend(source[start:end])
+                nexts.extend(source[start + 1 : end + 1])
+                placed.append(piece)
+                used += piece.length
         padding = width - used
         inputs.extend([pad_token_id] * padding)
-        labels.extend([IGNORE_INDEX] * padding)
-        positions.extend([0] * padding)
-        owners.extend([-1] * padding)
+        nexts.extend([pad_token_id] * padding)
+        placed.append(_Piece(-1, -1, 0, padding, padding))  # padding: nothing scored
         filled.append(used)
+    lengths = np.array([piece.length for piece in placed])
+    first = np.cumsum(lengths) - lengths  # each piece's first place in the flat rows
+    within = np.arange(int(lengths.sum())) - np.repeat(first, lengths)
+    scored = within >= np.repeat([piece.scored_from for piece in placed], lengths)
+    real = np.repeat([piece.source >= 0 for piece in placed], lengths)
+    positions = np.where(real, np.repeat([piece.start for piece in placed], lengths) + within, 0)
     shape = (len(rows), width)
     return {
         "input_ids": _long_tensor(inputs).view(shape),
         "attention_mask": (torch.arange(width) < torch.tensor(filled)[:, None]).long(),
-        "labels": _long_tensor(labels).view(shape),
-        "position_ids": _long_tensor(positions).view(shape),
-        "query_ids": _long_tensor(owners).view(shape),
+        "labels": torch.from_numpy(np.where(scored, nexts, IGNORE_INDEX)).view(shape),
+        "position_ids": torch.from_numpy(positions).view(shape),
+        "query_ids": torch.from_numpy(
+            np.repeat([piece.query_id for piece in placed], lengths)
+        ).view(shape),
     }
 
 
