@@ -19,13 +19,8 @@ from ..model.causal_lm import ModelWrapper, packing_refusal
 from ..parallel.precision import resolve_precision
 from ..tasks.format import JsonDataFormat
 from ..tasks.lm_eval import TaskSpec, load_tasks
-from ..tasks.requests import (
-    check_requests,
-    documents_keyed,
-    loaded_tasks,
-    unique_id_with,
-    use_requests,
-)
+from ..tasks.requests import documents_keyed, loaded_tasks, unique_id_with
+from ..tasks.restoring import check_requests, use_requests
 from ..tasks.tokens import checked_pairs, known_queries
 from .call import EvalOptions, GenerationSettings, ModelCall
 from .evaluator import Evaluator
@@ -76,7 +71,7 @@ class TaskScoresStep(Step[dict]):
     :param requests: the task's requests, built once for every model by a
         ``tango_fairscale::task_requests`` step of the same ``task`` (refused in one line
         otherwise): lm-eval's evaluator takes them instead of building them
-        (:func:`~tango_fairscale.tasks.requests.use_requests`), so every request, score and
+        (:func:`~tango_fairscale.tasks.restoring.use_requests`), so every request, score and
         metric is the one it would have built; ``null``: built here (chat-templated tasks).
         Not part of the cache key: they are a function of ``task``, which is.
     :param tokens: those requests tokenized once for every model of the tokenizer, by a

@@ -1,12 +1,12 @@
 """A task's lm-eval requests built once, without a model: every document's requests (contexts,
-continuations or generation settings) as JSON, and put back into lm-eval's own task objects so
-that its evaluator scores them as if it had built them itself."""
+continuations or generation settings) as JSON (put back into lm-eval's own task objects by
+:mod:`.restoring`, so that its evaluator scores them as if it had built them itself), and the
+task objects the build loaded, handed to the scores step that follows in the same process."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,8 +18,6 @@ from ..checks import one_line
 from ..records.fingerprint import local_fingerprint
 from .format import RequestsFormat
 from .lm_eval import TaskDict, TaskSpec, load_tasks
-
-logger = logging.getLogger(__name__)
 
 #: The layout of a stored requests result (``format`` key); another one is refused.
 REQUESTS_FORMAT = 1
@@ -41,7 +39,7 @@ class TaskRequestsStep(Step[dict]):
     directory, YAMLs, ``!function`` modules, a ``dataset`` step's own key) and lm-eval's
     version (its task definitions and prompt code). A task's hub dataset is keyed by name, as
     ``task_scores`` keys it: a cached result whose documents no longer match the data is
-    rebuilt by ``task_scores`` (:func:`use_requests`). Chat-templated tasks are refused.
+    rebuilt by ``task_scores`` (:func:`~.restoring.use_requests`). Chat-templated tasks are refused.
 
     Example (Jsonnet)::
 
@@ -75,7 +73,8 @@ _handed_off: dict[str, TaskDict] = {}
 
 def hand_off(spec: TaskSpec, loaded: TaskDict) -> None:
     """Leave ``loaded`` (``spec``'s tasks, their requests built) for :func:`loaded_tasks`, less
-    the built requests (the scores step puts the stored ones back: :func:`use_requests`)."""
+    the built requests (the scores step puts the stored ones back:
+    :func:`~.restoring.use_requests`)."""
     for task in loaded["tasks"].values():
         task._instances = None
     _handed_off[_hand_off_key(spec)] = loaded
@@ -138,8 +137,8 @@ def build_requests(spec: TaskSpec, loaded: TaskDict | None = None) -> dict[str, 
     ``arguments`` are lm-eval's ``Instance.arguments`` (``(context, continuation)``,
     ``(context, gen_kwargs)``, ``(text,)``) with tuples as lists; ``tuple`` says whether they
     were one; ``fewshot_hash`` is :func:`fewshot_hash`'s (with ``doc_hash``, what
-    :func:`use_requests` checks a hub dataset's documents by; both ``null`` for local files,
-    :func:`documents_keyed`). Nothing depends on a model or tokenizer, so a
+    :func:`~.restoring.use_requests` checks a hub dataset's documents by; both ``null`` for
+    local files, :func:`documents_keyed`). Nothing depends on a model or tokenizer, so a
     task's chat-templated prompts (``apply_chat_template``: the tokenizer's template builds
     them) are refused."""
     from lm_eval.evaluator_utils import get_sample_size
@@ -174,19 +173,19 @@ def spec_fields(spec: TaskSpec) -> dict[str, Any]:
     ``dataset`` (whose documents the requests' document hashes stand for), and the fingerprint of
     the local files it reads."""
     fields = {
-        field.name: _plain(getattr(spec, field.name))
+        field.name: plain_value(getattr(spec, field.name))
         for field in dataclasses.fields(spec)
         if field.name != "dataset"
     }
     return fields | {"local_files": local_fingerprint(spec.local_files())}
 
 
-def _plain(value: Any) -> Any:
+def plain_value(value: Any) -> Any:
     """``value`` as JSON reads it back (tuples as lists, other objects as their ``repr``)."""
     if isinstance(value, (list, tuple)):
-        return [_plain(item) for item in value]
+        return [plain_value(item) for item in value]
     if isinstance(value, Mapping):
-        return {str(key): _plain(item) for key, item in value.items()}
+        return {str(key): plain_value(item) for key, item in value.items()}
     if value is None or isinstance(value, (str, int, float, bool)):
         return value
     return repr(value)
@@ -196,7 +195,7 @@ def documents_keyed(spec: TaskSpec) -> bool:
     """Whether ``spec``'s documents are local files (``data_dir``, a ``dataset`` step), whose
     fingerprint is among the fields a requests result records (:func:`spec_fields`): then the
     result holds no document hashes (10,000 HellaSwag documents: ~0.8 s to hash), and
-    :func:`check_requests` stands for them."""
+    :func:`~.restoring.check_requests` stands for them."""
     return spec.data_dir is not None or spec.dataset is not None
 
 
@@ -260,118 +259,3 @@ def _json_value(value: Any, task: str) -> Any:
         f"task {task!r}: a request argument of type {type(value).__name__} cannot be stored as "
         "JSON; give task_scores no requests (it builds them itself)"
     )
-
-
-# --- restoring --------------------------------------------------------------------------------
-
-
-def check_requests(spec: TaskSpec, requests: Mapping[str, Any], loaded: TaskDict) -> None:
-    """Refuse in one line a requests result built for another task configuration than
-    ``spec`` (:func:`spec_fields`: every field but ``dataset``, the local files' fingerprint;
-    its label and tasks), naming the fields that differ."""
-    if not isinstance(requests, Mapping) or requests.get("format") != REQUESTS_FORMAT:
-        raise ConfigurationError(
-            f"task {spec.label!r}: requests must be a tango_fairscale::task_requests result "
-            f"(format {REQUESTS_FORMAT})"
-        )
-    built = {"label": requests.get("label"), "tasks": sorted(requests.get("tasks", {}))}
-    built |= requests.get("spec") or {}
-    wanted = {"label": spec.label, "tasks": sorted(loaded["tasks"])} | spec_fields(spec)
-    defaults = {field.name: _plain(field.default) for field in dataclasses.fields(spec)}
-    differ = [
-        key
-        for key in wanted
-        if built.get(key, defaults.get(key, None)) != wanted[key]  # a later field: its default
-    ]
-    if differ:
-        shown = ", ".join(f"{key} {built.get(key)!r} (not {wanted[key]!r})" for key in differ)
-        raise ConfigurationError(
-            f"task {spec.label!r}: its requests were built for another task configuration: "
-            f"{one_line(shown, 300)}; give task_scores the task_requests step of the same task"
-        )
-
-
-def use_requests(
-    loaded: TaskDict, requests: Mapping[str, Any], *, documents_keyed: bool = False
-) -> None:
-    """Make each task of ``loaded`` take its stored requests when lm-eval's ``evaluate`` asks it
-    to build them: the same ``Instance`` s (type, arguments, ``idx``, metadata) over the task's
-    own documents. Where lm-eval asks for something else than they were built for (another
-    limit, a process's share, chosen samples, a chat template) or a document's hash or the
-    few-shot documents' hash differs from the stored one (the data changed under a cached
-    result: a hub dataset, keyed by name), the task builds its requests itself, with a warning
-    for changed documents. ``documents_keyed``: the documents are local files whose
-    fingerprint :func:`check_requests` has matched (:func:`spec_fields`), so they are not
-    hashed again (10,000 HellaSwag documents: ~0.8 s)."""
-    for name, task in loaded["tasks"].items():
-        stored = requests["tasks"][name]
-        build = task.build_all_requests
-
-        def build_all_requests(
-            *args: Any, _task: Any = task, _stored: Any = stored, _build: Any = build, **kw: Any
-        ) -> None:
-            instances = _restored(_task, _stored, kw, documents_keyed) if not args else None
-            if instances is None:
-                _build(*args, **kw)
-            else:
-                _task._instances = instances
-
-        task.build_all_requests = build_all_requests
-
-
-def _restored(
-    task: Any, stored: Mapping[str, Any], kwargs: Mapping[str, Any], documents_keyed: bool
-) -> list | None:
-    """The stored requests as lm-eval's ``Instance`` s over ``task``'s documents, or ``None``
-    where they do not apply (see :func:`use_requests`)."""
-    from lm_eval.api.instance import Instance
-
-    if (
-        kwargs.get("limit") != stored["limit"]
-        or kwargs.get("rank", 0) != 0
-        or kwargs.get("world_size", 1) != 1
-        or kwargs.get("samples") is not None
-        or kwargs.get("apply_chat_template")
-    ):
-        return None
-    if not documents_keyed and fewshot_hash(task) != stored["fewshot_hash"]:
-        logger.warning(
-            "task %r: its few-shot documents are not those its stored requests were built from "
-            "(the data changed since): building its requests again",
-            stored["task_name"],
-        )
-        return None
-    documents = dict(task.doc_iterator(rank=0, limit=stored["limit"], world_size=1))
-    if sorted(documents) != sorted(document["doc_id"] for document in stored["documents"]):
-        logger.warning(
-            "task %r: %d documents, its stored requests were built for %d (the data changed "
-            "since): building its requests again",
-            stored["task_name"],
-            len(documents),
-            len(stored["documents"]),
-        )
-        return None
-    instances = []
-    for document in stored["documents"]:
-        doc_id = document["doc_id"]
-        if not documents_keyed and doc_hash(documents[doc_id]) != document["doc_hash"]:
-            logger.warning(
-                "task %r: document %s is not the one its stored requests were built from (the "
-                "data changed since): building its requests again",
-                stored["task_name"],
-                doc_id,
-            )
-            return None
-        doc = documents[doc_id]
-        for request in document["requests"]:
-            arguments = request["arguments"]
-            instances.append(
-                Instance(
-                    request_type=request["request_type"],
-                    doc=doc,
-                    arguments=tuple(arguments) if request["tuple"] else arguments,
-                    idx=request["idx"],
-                    metadata=(stored["task_name"], doc_id, request["repeats"]),
-                )
-            )
-    return instances

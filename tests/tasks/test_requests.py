@@ -25,13 +25,10 @@ from helpers.requests import stored_requests
 from tango.common.exceptions import ConfigurationError
 
 from tango_fairscale.tasks import requests as requests_module
+from tango_fairscale.tasks import restoring as restoring_module
 from tango_fairscale.tasks.lm_eval import TaskSpec, load_tasks
-from tango_fairscale.tasks.requests import (
-    TaskRequestsStep,
-    check_requests,
-    doc_hash,
-    use_requests,
-)
+from tango_fairscale.tasks.requests import TaskRequestsStep, doc_hash
+from tango_fairscale.tasks.restoring import check_requests, use_requests
 
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "tasks"
 sys.path.insert(0, str(FIXTURES))
@@ -155,7 +152,7 @@ def test_local_documents_whose_fingerprint_matched_are_not_hashed_again(
     built, restored = load_tasks(spec), load_tasks(spec)
     check_requests(spec, stored, restored)  # the data directory's fingerprint among the fields
     use_requests(restored, stored, documents_keyed=True)
-    monkeypatch.setattr(requests_module, "doc_hash", _not_called)
+    monkeypatch.setattr(restoring_module, "doc_hash", _not_called)
     for task in restored["tasks"].values():
         task.construct_requests = task.fewshot_context = _not_called
     for loaded in (built, restored):
