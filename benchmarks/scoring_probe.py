@@ -4,15 +4,19 @@ or the GPU, and whether anything in a forward waits for the device.
 A GPT-2 124M (random weights, bf16-mixed as ``task_scores`` scores) scores the synthetic suite's
 shapes with random tokens: HellaSwag's (10,000 contexts of 60-140 tokens, four endings of 20-45)
 and MMLU's (12,000 contexts of 80-300 tokens, one-token answers), in the package's packed
-batches. For each task, after a warm-up pass:
+batches, with the trunk eager, then replayed from CUDA graphs (``model/trunk_graphs.py``), each
+in a scoring step's precision context as ``task_scores`` scores:
 
-- ``pass_s``: :func:`~tango_fairscale.evaluation.scoring.score_queries` as the step calls it;
+- ``first_pass_s``: :func:`~tango_fairscale.evaluation.scoring.score_queries` as the step calls
+  it, once (kernels chosen, graphs captured); ``pass_s``: again;
 - ``pack_s``: building its packed batches on the host alone;
 - ``enqueue_s`` / ``forwards_s``: the same forwards over batches packed and moved beforehand,
   queued without a wait: the host's time to queue them, then the time until the GPU is done
   (``forwards_s`` near ``enqueue_s``: bound by the host; near the kernels' time: by the GPU);
 - ``device_waits``: the places in one forward where the host waits for the GPU
-  (``torch.cuda.set_sync_debug_mode("warn")``), with their Python stack.
+  (``torch.cuda.set_sync_debug_mode("warn")``), with their Python stack;
+- ``max_abs_difference_to_eager``: the largest difference of a replayed log-likelihood to the
+  eager one (and relative to its magnitude, at least 1).
 
     python benchmarks/scoring_probe.py [--tokenizer DIR] [--out scoring_probe.json]
 """
@@ -114,8 +118,10 @@ def probe_task(model: Any, task: str, options: Any, scale: float) -> dict[str, A
         if on_gpu:
             torch.cuda.synchronize()
 
-    score()  # warm-up: kernels, the allocator's pools
+    started = time.perf_counter()
+    first = score()  # as a command's pass: kernels chosen, graphs captured
     synchronize()
+    first_pass_s = time.perf_counter() - started
     started = time.perf_counter()
     score()
     synchronize()
@@ -138,15 +144,18 @@ def probe_task(model: Any, task: str, options: Any, scale: float) -> dict[str, A
     del outputs
     return {
         "task": task,
+        "trunk": "replayed" if model.replayed_trunk is not None else "eager",
         "queries": len(queries),
         "forwards": len(batches),
         "tokens": sum(int(batch["input_ids"].numel()) for batch in batches),
+        "first_pass_s": round(first_pass_s, 3),
         "pass_s": round(pass_s, 3),
         "pack_s": round(pack_s, 3),
         "enqueue_s": round(enqueue_s, 3),
         "forwards_s": round(forwards_s, 3),
         "host_ms_per_forward": round((pack_s + enqueue_s) / len(batches) * 1e3, 2),
         "device_waits": device_waits(lambda batch: model(**batch), moved[0]),
+        "scores": [value for value, _ in first],
     }
 
 
@@ -167,10 +176,23 @@ def main() -> None:
     model.eval().to(device)
     options = EvalOptions(packed=True, progress=False)
     rows = []
-    with scoring_precision(model, resolve_precision("bf16-mixed", device)):
-        for task in ("hellaswag", "mmlu"):
-            rows.append(probe_task(model, task, options, 0.02 if args.tiny else 1.0))
-            print(json.dumps(rows[-1]), flush=True)
+    for task in ("hellaswag", "mmlu"):
+        scores = {}
+        for trunk in ("eager", "replayed"):
+            # A task's scoring step: the precision's context, in which its graphs live.
+            with scoring_precision(model, resolve_precision("bf16-mixed", device)):
+                if trunk == "eager":
+                    model.replayed_trunk = None
+                row = probe_task(model, task, options, 0.02 if args.tiny else 1.0)
+            scores[trunk] = torch.tensor(row.pop("scores"), dtype=torch.float64)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        difference = (scores["replayed"] - scores["eager"]).abs()
+        rows[-1]["max_abs_difference_to_eager"] = float(difference.max())
+        rows[-1]["max_relative_difference_to_eager"] = float(
+            (difference / scores["eager"].abs().clamp(min=1.0)).max()
+        )
+        print(json.dumps({key: rows[-1][key] for key in list(rows[-1])[-2:]}), flush=True)
     _bench.write_json(
         args.out,
         {"environment": _bench.environment(None), "options": str(options), "tasks": rows},

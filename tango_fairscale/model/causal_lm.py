@@ -4,6 +4,7 @@ Tango's cache by how it was made and the fingerprint of its files (never by pick
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -116,6 +117,8 @@ class ModelWrapper(Model, CustomDetHash):
         self.tokenizer = load_tokenizer(tokenizer_source)
         check_tokenizer(self.tokenizer, tokenizer_source, self.model.config)
         set_padding_token(self.tokenizer, self.model.config)
+        #: Without gradients, packed forwards' trunk replayed by this (``trunk_graphs``), if set.
+        self.replayed_trunk: Callable[..., torch.Tensor] | None = None
         # Probed now, before an engine wraps (and shards) the model.
         window = attention_window(self.model.config)
         self._takes_packed_batches = (
@@ -180,16 +183,10 @@ class ModelWrapper(Model, CustomDetHash):
         if query_ids is None:
             raise ValueError("a packed batch (with position_ids) needs query_ids")
         # Packed rows are already shifted: input t predicts labels[:, t].
-        mask = packed_attention_mask(
-            position_ids, query_ids.to(input_ids.device, non_blocking=True)
+        replayed = self.replayed_trunk if not torch.is_grad_enabled() else None
+        hidden = (replayed or self.packed_hidden)(
+            input_ids, position_ids, query_ids.to(input_ids.device, non_blocking=True)
         )
-        if self.model.config._attn_implementation == "eager":  # an additive mask there
-            mask = torch.zeros(mask.shape, device=mask.device).masked_fill_(
-                ~mask, torch.finfo(torch.float32).min
-            )
-        hidden = self.model.base_model(
-            input_ids=input_ids, position_ids=position_ids, attention_mask=mask, use_cache=False
-        ).last_hidden_state
         # query_ids stays on the CPU (move_batch): its largest value costs no device wait.
         num_queries = int(query_ids.max()) + 1
         return loss_outputs(
@@ -197,6 +194,20 @@ class ModelWrapper(Model, CustomDetHash):
                 head, hidden, labels, query_ids, num_queries, transform=self.logit_transform
             )
         )
+
+    def packed_hidden(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, query_ids: torch.Tensor
+    ) -> torch.Tensor:
+        """The base model's last hidden states of a packed batch (every tensor on the model's
+        device), each token attending as :func:`packed_attention_mask` allows."""
+        mask = packed_attention_mask(position_ids, query_ids)
+        if self.model.config._attn_implementation == "eager":  # an additive mask there
+            mask = torch.zeros(mask.shape, device=mask.device).masked_fill_(
+                ~mask, torch.finfo(torch.float32).min
+            )
+        return self.model.base_model(
+            input_ids=input_ids, position_ids=position_ids, attention_mask=mask, use_cache=False
+        ).last_hidden_state
 
     def save(self, directory: Path) -> None:
         """Write weights (safetensors), config and tokenizer in Hugging Face's layout."""

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from ..data.batches import IGNORE_INDEX
-from ..model.causal_lm import ModelWrapper, packed_attention_mask
+from ..model.causal_lm import ModelWrapper
 from ..model.loss import weighted_nll_sum
 from .precision import Precision
 
@@ -62,17 +62,7 @@ def static_batch(batch: dict[str, torch.Tensor], pad_token_id: int) -> dict[str,
 def static_loss(model: ModelWrapper, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """The loss of a :func:`static_batch` on the device: shapes fixed by its length, no host
     reads (logits of every position, scored or not)."""
-    mask = packed_attention_mask(batch["position_ids"], batch["query_ids"])
-    if model.model.config._attn_implementation == "eager":  # an additive mask there
-        mask = torch.zeros(mask.shape, device=mask.device).masked_fill_(
-            ~mask, torch.finfo(torch.float32).min
-        )
-    hidden = model.model.base_model(
-        input_ids=batch["input_ids"],
-        position_ids=batch["position_ids"],
-        attention_mask=mask,
-        use_cache=False,
-    ).last_hidden_state
+    hidden = model.packed_hidden(batch["input_ids"], batch["position_ids"], batch["query_ids"])
     return weighted_nll_sum(
         model.model.get_output_embeddings(),
         hidden.flatten(0, 1),
