@@ -95,6 +95,37 @@ def device_waits(forward: Any, batch: dict[str, torch.Tensor]) -> list[str]:
     return found
 
 
+#: Forwards measured one at a time (from a quarter into the pass: full batches).
+DETAILED_FORWARDS = 8
+
+
+def one_forward_figures(model: Any, batches: list[dict[str, Any]], on_gpu: bool) -> dict[str, Any]:
+    """Per forward of ``batches`` (on the device), mean ms: ``kernel_ms`` (the GPU's own time,
+    by torch.profiler), ``launch_ms`` (the host's time until the call returns, the GPU idle
+    before it) and ``alone_ms`` (until the GPU is done too)."""
+    if not on_gpu:
+        return {}
+    launch, alone = [], []
+    for batch in batches:
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        model(**batch)
+        launch.append(time.perf_counter() - started)
+        torch.cuda.synchronize()
+        alone.append(time.perf_counter() - started)
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as profile:
+        for batch in batches:
+            model(**batch)
+        torch.cuda.synchronize()
+    kernel_us = sum(event.self_device_time_total for event in profile.key_averages())
+    return {
+        "kernel_ms": round(kernel_us / 1e3 / len(batches), 2),
+        "launch_ms": round(sum(launch) * 1e3 / len(batches), 2),
+        "alone_ms": round(sum(alone) * 1e3 / len(batches), 2),
+    }
+
+
 def probe_task(model: Any, task: str, options: Any, scale: float) -> dict[str, Any]:
     from tango_fairscale.data.batches import packed_batch
     from tango_fairscale.data.schedules import scoring_batches
@@ -142,6 +173,7 @@ def probe_task(model: Any, task: str, options: Any, scale: float) -> dict[str, A
     synchronize()
     forwards_s = time.perf_counter() - started
     del outputs
+    detail = one_forward_figures(model, moved[len(moved) // 4 :][:DETAILED_FORWARDS], on_gpu)
     return {
         "task": task,
         "trunk": "replayed" if model.replayed_trunk is not None else "eager",
@@ -154,6 +186,7 @@ def probe_task(model: Any, task: str, options: Any, scale: float) -> dict[str, A
         "enqueue_s": round(enqueue_s, 3),
         "forwards_s": round(forwards_s, 3),
         "host_ms_per_forward": round((pack_s + enqueue_s) / len(batches) * 1e3, 2),
+        **detail,
         "device_waits": device_waits(lambda batch: model(**batch), moved[0]),
         "scores": [value for value, _ in first],
     }
@@ -167,6 +200,7 @@ def main() -> None:
     args = parser.parse_args()
     from tango_fairscale.evaluation.call import EvalOptions
     from tango_fairscale.evaluation.lm import scoring_precision
+    from tango_fairscale.model import trunk_graphs
     from tango_fairscale.model.causal_lm import ModelWrapper
     from tango_fairscale.parallel.precision import resolve_precision
 
@@ -175,24 +209,29 @@ def main() -> None:
     model = ModelWrapper(config=_bench.gpt2_config(shape), tokenizer=str(args.tokenizer))
     model.eval().to(device)
     options = EvalOptions(packed=True, progress=False)
+    row_multiple = trunk_graphs.ROW_MULTIPLE
     rows = []
     for task in ("hellaswag", "mmlu"):
         scores = {}
-        for trunk in ("eager", "replayed"):
+        for trunk in ("eager", "replayed", "replayed-unpadded-rows"):
             # A task's scoring step: the precision's context, in which its graphs live.
+            trunk_graphs.ROW_MULTIPLE = 1 if trunk == "replayed-unpadded-rows" else row_multiple
             with scoring_precision(model, resolve_precision("bf16-mixed", device)):
                 if trunk == "eager":
                     model.replayed_trunk = None
                 row = probe_task(model, task, options, 0.02 if args.tiny else 1.0)
-            scores[trunk] = torch.tensor(row.pop("scores"), dtype=torch.float64)
+            row["trunk"] = trunk if row["trunk"] != "eager" else "eager"
+            trunk_graphs.ROW_MULTIPLE = row_multiple
+            scores[row["trunk"]] = torch.tensor(row.pop("scores"), dtype=torch.float64)
             rows.append(row)
             print(json.dumps(row), flush=True)
-        difference = (scores["replayed"] - scores["eager"]).abs()
-        rows[-1]["max_abs_difference_to_eager"] = float(difference.max())
-        rows[-1]["max_relative_difference_to_eager"] = float(
-            (difference / scores["eager"].abs().clamp(min=1.0)).max()
-        )
-        print(json.dumps({key: rows[-1][key] for key in list(rows[-1])[-2:]}), flush=True)
+        for row in rows[-3:]:
+            difference = (scores[row["trunk"]] - scores["eager"]).abs()
+            row["max_abs_difference_to_eager"] = float(difference.max())
+            row["max_relative_difference_to_eager"] = float(
+                (difference / scores["eager"].abs().clamp(min=1.0)).max()
+            )
+            print(json.dumps({key: row[key] for key in list(row)[-2:]}), flush=True)
     _bench.write_json(
         args.out,
         {"environment": _bench.environment(None), "options": str(options), "tasks": rows},
