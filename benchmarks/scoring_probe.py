@@ -4,19 +4,21 @@ or the GPU, and whether anything in a forward waits for the device.
 A GPT-2 124M (random weights, bf16-mixed as ``task_scores`` scores) scores the synthetic suite's
 shapes with random tokens: HellaSwag's (10,000 contexts of 60-140 tokens, four endings of 20-45)
 and MMLU's (12,000 contexts of 80-300 tokens, one-token answers), in the package's packed
-batches, with the trunk eager, then replayed from CUDA graphs (``model/trunk_graphs.py``), each
-in a scoring step's precision context as ``task_scores`` scores:
+batches, in a scoring step's precision context as ``task_scores`` scores:
 
 - ``first_pass_s``: :func:`~tango_fairscale.evaluation.scoring.score_queries` as the step calls
-  it, once (kernels chosen, graphs captured); ``pass_s``: again;
+  it, once (kernels chosen); ``pass_s``: again;
 - ``pack_s``: building its packed batches on the host alone;
 - ``enqueue_s`` / ``forwards_s``: the same forwards over batches packed and moved beforehand,
   queued without a wait: the host's time to queue them, then the time until the GPU is done
-  (``forwards_s`` near ``enqueue_s``: bound by the host; near the kernels' time: by the GPU);
+  (``forwards_s`` near ``enqueue_s``: the host never got far ahead, whether bound by its own
+  work or held back by the GPU, through a full launch queue or a copy that waits);
+- ``kernel_ms``, ``launch_ms``, ``alone_ms``: one forward at a time (:func:`one_forward_figures`);
 - ``device_waits``: the places in one forward where the host waits for the GPU
-  (``torch.cuda.set_sync_debug_mode("warn")``), with their Python stack;
-- ``max_abs_difference_to_eager``: the largest difference of a replayed log-likelihood to the
-  eager one (and relative to its magnitude, at least 1).
+  (``torch.cuda.set_sync_debug_mode("warn")``), with their Python stack.
+
+A replay of the trunk from CUDA graphs was measured with it and taken out (slower in every pass:
+``scoring_probe_h100_526e2be.json``).
 
     python benchmarks/scoring_probe.py [--tokenizer DIR] [--out scoring_probe.json]
 """
@@ -34,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.autograd import DeviceType
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _bench  # noqa: E402
@@ -100,8 +103,8 @@ DETAILED_FORWARDS = 8
 
 
 def one_forward_figures(model: Any, batches: list[dict[str, Any]], on_gpu: bool) -> dict[str, Any]:
-    """Per forward of ``batches`` (on the device), mean ms: ``kernel_ms`` (the GPU's own time,
-    by torch.profiler), ``launch_ms`` (the host's time until the call returns, the GPU idle
+    """Per forward of ``batches`` (on the device), mean ms: ``kernel_ms`` (the GPU's kernels, by
+    torch.profiler), ``launch_ms`` (the host's time until the call returns, the GPU idle
     before it) and ``alone_ms`` (until the GPU is done too)."""
     if not on_gpu:
         return {}
@@ -118,7 +121,11 @@ def one_forward_figures(model: Any, batches: list[dict[str, Any]], on_gpu: bool)
         for batch in batches:
             model(**batch)
         torch.cuda.synchronize()
-    kernel_us = sum(event.self_device_time_total for event in profile.key_averages())
+    kernel_us = sum(  # the kernels' rows only: an operator's row sums its kernels again
+        event.self_device_time_total
+        for event in profile.key_averages()
+        if event.device_type == DeviceType.CUDA
+    )
     return {
         "kernel_ms": round(kernel_us / 1e3 / len(batches), 2),
         "launch_ms": round(sum(launch) * 1e3 / len(batches), 2),
@@ -150,7 +157,7 @@ def probe_task(model: Any, task: str, options: Any, scale: float) -> dict[str, A
             torch.cuda.synchronize()
 
     started = time.perf_counter()
-    first = score()  # as a command's pass: kernels chosen, graphs captured
+    score()  # as a command's pass: kernels chosen
     synchronize()
     first_pass_s = time.perf_counter() - started
     started = time.perf_counter()
@@ -176,7 +183,6 @@ def probe_task(model: Any, task: str, options: Any, scale: float) -> dict[str, A
     detail = one_forward_figures(model, moved[len(moved) // 4 :][:DETAILED_FORWARDS], on_gpu)
     return {
         "task": task,
-        "trunk": "replayed" if model.replayed_trunk is not None else "eager",
         "queries": len(queries),
         "forwards": len(batches),
         "tokens": sum(int(batch["input_ids"].numel()) for batch in batches),
@@ -188,7 +194,6 @@ def probe_task(model: Any, task: str, options: Any, scale: float) -> dict[str, A
         "host_ms_per_forward": round((pack_s + enqueue_s) / len(batches) * 1e3, 2),
         **detail,
         "device_waits": device_waits(lambda batch: model(**batch), moved[0]),
-        "scores": [value for value, _ in first],
     }
 
 
@@ -200,7 +205,6 @@ def main() -> None:
     args = parser.parse_args()
     from tango_fairscale.evaluation.call import EvalOptions
     from tango_fairscale.evaluation.lm import scoring_precision
-    from tango_fairscale.model import trunk_graphs
     from tango_fairscale.model.causal_lm import ModelWrapper
     from tango_fairscale.parallel.precision import resolve_precision
 
@@ -209,29 +213,11 @@ def main() -> None:
     model = ModelWrapper(config=_bench.gpt2_config(shape), tokenizer=str(args.tokenizer))
     model.eval().to(device)
     options = EvalOptions(packed=True, progress=False)
-    row_multiple = trunk_graphs.ROW_MULTIPLE
     rows = []
-    for task in ("hellaswag", "mmlu"):
-        scores = {}
-        for trunk in ("eager", "replayed", "replayed-unpadded-rows"):
-            # A task's scoring step: the precision's context, in which its graphs live.
-            trunk_graphs.ROW_MULTIPLE = 1 if trunk == "replayed-unpadded-rows" else row_multiple
-            with scoring_precision(model, resolve_precision("bf16-mixed", device)):
-                if trunk == "eager":
-                    model.replayed_trunk = None
-                row = probe_task(model, task, options, 0.02 if args.tiny else 1.0)
-            row["trunk"] = trunk if row["trunk"] != "eager" else "eager"
-            trunk_graphs.ROW_MULTIPLE = row_multiple
-            scores[row["trunk"]] = torch.tensor(row.pop("scores"), dtype=torch.float64)
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-        for row in rows[-3:]:
-            difference = (scores[row["trunk"]] - scores["eager"]).abs()
-            row["max_abs_difference_to_eager"] = float(difference.max())
-            row["max_relative_difference_to_eager"] = float(
-                (difference / scores["eager"].abs().clamp(min=1.0)).max()
-            )
-            print(json.dumps({key: row[key] for key in list(row)[-2:]}), flush=True)
+    with scoring_precision(model, resolve_precision("bf16-mixed", device)):
+        for task in ("hellaswag", "mmlu"):
+            rows.append(probe_task(model, task, options, 0.02 if args.tiny else 1.0))
+            print(json.dumps(rows[-1]), flush=True)
     _bench.write_json(
         args.out,
         {"environment": _bench.environment(None), "options": str(options), "tasks": rows},

@@ -17,7 +17,6 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from ..data.chat import apply_chat_template
 from ..data.queries import Query, encode_pairs, prefix_token_id, token_ids
-from ..model.trunk_graphs import replayed_trunks
 from .call import EvalOptions, GenerationSettings, ModelCall
 from .generation import generate_on_all_ranks
 from .scoring import score_on_all_ranks
@@ -160,10 +159,8 @@ def scoring_precision(model: torch.nn.Module, precision: Any) -> Iterator[None]:
     Precision`): its forward context (autocast for the ``-mixed`` ones, the attention kernels on
     a GPU), the model cast for ``bf16-true``; without gradients (not ``inference_mode``:
     autocast caches its casts of the weights only for tensors that require gradients, and would
-    re-cast every weight in every forward); on a GPU, packed forwards' trunk replayed from CUDA
-    graphs (:func:`~tango_fairscale.model.trunk_graphs.replayed_trunks`)."""
+    re-cast every weight in every forward)."""
     if precision.param_dtype != torch.float32:
         model.to(precision.param_dtype)
-    device = next(model.parameters()).device
-    with torch.no_grad(), precision.forward_context(device), replayed_trunks(model):
+    with torch.no_grad(), precision.forward_context(next(model.parameters()).device):
         yield

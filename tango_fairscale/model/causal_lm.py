@@ -4,7 +4,6 @@ Tango's cache by how it was made and the fingerprint of its files (never by pick
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -117,8 +116,6 @@ class ModelWrapper(Model, CustomDetHash):
         self.tokenizer = load_tokenizer(tokenizer_source)
         check_tokenizer(self.tokenizer, tokenizer_source, self.model.config)
         set_padding_token(self.tokenizer, self.model.config)
-        #: Without gradients, packed forwards' trunk replayed by this (``trunk_graphs``), if set.
-        self.replayed_trunk: Callable[..., torch.Tensor] | None = None
         # Probed now, before an engine wraps (and shards) the model.
         window = attention_window(self.model.config)
         self._takes_packed_batches = (
@@ -183,8 +180,7 @@ class ModelWrapper(Model, CustomDetHash):
         if query_ids is None:
             raise ValueError("a packed batch (with position_ids) needs query_ids")
         # Packed rows are already shifted: input t predicts labels[:, t].
-        replayed = self.replayed_trunk if not torch.is_grad_enabled() else None
-        hidden = (replayed or self.packed_hidden)(
+        hidden = self.packed_hidden(
             input_ids, position_ids, query_ids.to(input_ids.device, non_blocking=True)
         )
         # query_ids stays on the CPU (move_batch): its largest value costs no device wait.
