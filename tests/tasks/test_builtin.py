@@ -1,5 +1,6 @@
 """lm-eval's own tasks by name (``tango_fairscale.tasks.builtin``): the index of every task, group
-and tag, kept in a cache file read back in milliseconds, equal to the one lm-eval builds."""
+and tag, kept in a cache file read back in milliseconds (without importing lm-eval's task code),
+equal to the one lm-eval builds."""
 
 from __future__ import annotations
 
@@ -33,3 +34,21 @@ def test_a_stored_index_is_read_back_as_written_and_another_folders_refused(
     }
     with pytest.raises(ValueError, match="is not an index of"):
         _read_index(stored, tmp_path / "elsewhere")
+
+
+def test_reading_the_index_imports_none_of_lm_evals_task_code() -> None:
+    """A command whose steps all come from the cache reads the index while Tango builds the step
+    graph: ``lm_eval.tasks`` (datasets, pandas: seconds to import) stays out of it."""
+    import subprocess
+    import sys
+
+    builtin_index()  # stored, if it was not
+    check = (
+        "import sys; from tango_fairscale.tasks.builtin import builtin_index; "
+        "assert builtin_index()['piqa'][0] == 'TASK'; "
+        "print(sorted(m for m in ('lm_eval.tasks', 'datasets', 'pandas') if m in sys.modules))"
+    )
+    output = subprocess.run(
+        [sys.executable, "-c", check], capture_output=True, text=True, check=True
+    ).stdout
+    assert output.strip() == "[]"
