@@ -170,8 +170,8 @@ def build_requests(spec: TaskSpec, loaded: TaskDict | None = None) -> dict[str, 
 
 def spec_fields(spec: TaskSpec) -> dict[str, Any]:
     """What a requests result records of the spec it was built for: every field but
-    ``dataset`` (whose documents the requests' document hashes stand for), and the fingerprint of
-    the local files it reads."""
+    ``dataset``, and the fingerprint of the local files it reads (a ``dataset`` step's own key
+    among them, which stands for its documents)."""
     fields = {
         field.name: plain_value(getattr(spec, field.name))
         for field in dataclasses.fields(spec)
