@@ -147,7 +147,7 @@ class TaskScoresStep(Step[dict]):
         resolved = resolve_precision(precision, device)
         # Checked before the model is loaded or scores anything (loaded by the requests step
         # when it ran in this process).
-        loaded = loaded_tasks(task) if requests is not None else load_tasks(task)
+        loaded = load_tasks(task) if requests is None else loaded_tasks(task, requests)
         if requests is not None:  # built once by a task_requests step: lm-eval takes them
             check_requests(task, requests, loaded)  # local data: its fingerprint too
             use_requests(loaded, requests, documents_keyed=documents_keyed(task))

@@ -62,7 +62,7 @@ class TaskRequestsStep(Step[dict]):
     def run(self, task: TaskSpec) -> dict:  # type: ignore[override]
         loaded = load_tasks(task)
         requests = build_requests(task, loaded)
-        hand_off(task, loaded)
+        hand_off(requests, loaded)
         return requests
 
 
@@ -71,24 +71,26 @@ class TaskRequestsStep(Step[dict]):
 _handed_off: dict[str, TaskDict] = {}
 
 
-def hand_off(spec: TaskSpec, loaded: TaskDict) -> None:
-    """Leave ``loaded`` (``spec``'s tasks, their requests built) for :func:`loaded_tasks`, less
-    the built requests (the scores step puts the stored ones back:
+def hand_off(requests: Mapping[str, Any], loaded: TaskDict) -> None:
+    """Leave ``loaded`` (the tasks :func:`build_requests` built ``requests`` with) for
+    :func:`loaded_tasks`, less the built requests (the scores step puts the stored ones back:
     :func:`~.restoring.use_requests`)."""
     for task in loaded["tasks"].values():
         task._instances = None
-    _handed_off[_hand_off_key(spec)] = loaded
+    _handed_off[_hand_off_key(requests)] = loaded
 
 
-def loaded_tasks(spec: TaskSpec) -> TaskDict:
-    """``load_tasks(spec)``, or the tasks a requests step of this process loaded for the same
-    task configuration (:func:`hand_off`), taken: each serves one step."""
-    loaded = _handed_off.pop(_hand_off_key(spec), None)
+def loaded_tasks(spec: TaskSpec, requests: Mapping[str, Any]) -> TaskDict:
+    """The tasks a requests step of this process loaded to build ``requests`` (:func:`hand_off`),
+    taken (each serves one step), else ``load_tasks(spec)``. Keyed by the configuration the
+    requests record (:func:`spec_fields`), which :func:`~.restoring.check_requests` then
+    compares with ``spec``: its local files are not fingerprinted again here."""
+    loaded = _handed_off.pop(_hand_off_key(requests), None)
     return load_tasks(spec) if loaded is None else loaded
 
 
-def _hand_off_key(spec: TaskSpec) -> str:
-    return json.dumps([spec.label, spec_fields(spec)], sort_keys=True)
+def _hand_off_key(requests: Mapping[str, Any]) -> str:
+    return json.dumps([requests.get("label"), requests.get("spec")], sort_keys=True)
 
 
 def unique_id_with(step: Step, **hashed: Any) -> str:
