@@ -67,12 +67,18 @@ def task_queries(task: str, scale: float = 1.0, seed: int = 0) -> list[Any]:
     return queries
 
 
+#: How torch's one-time notice that its sync debug mode is a prototype begins (not a wait).
+SYNC_DEBUG_NOTICE = "Synchronization debug mode is a prototype feature"
+
+
 def device_waits(forward: Any, batch: dict[str, torch.Tensor]) -> list[str]:
     """Each wait for the device in one ``forward(batch)``: its message and the innermost
     package or transformers frames of its Python stack."""
     found: list[str] = []
 
     def record(message: Any, *args: Any, **kwargs: Any) -> None:
+        if str(message).startswith(SYNC_DEBUG_NOTICE):  # printed at the mode's first use
+            return
         frames = [
             f"{frame.filename.split('/')[-1]}:{frame.lineno} {frame.name}"
             for frame in traceback.extract_stack()
