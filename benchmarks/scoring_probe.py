@@ -17,9 +17,6 @@ batches, in a scoring step's precision context as ``task_scores`` scores:
 - ``device_waits``: the places in one forward where the host waits for the GPU
   (``torch.cuda.set_sync_debug_mode("warn")``), with their Python stack.
 
-A replay of the trunk from CUDA graphs was measured with it and taken out (slower in every pass:
-``scoring_probe_h100_526e2be.json``).
-
     python benchmarks/scoring_probe.py [--tokenizer DIR] [--out scoring_probe.json]
 """
 
