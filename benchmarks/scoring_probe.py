@@ -101,6 +101,9 @@ def device_waits(forward: Any, batch: dict[str, torch.Tensor]) -> list[str]:
     return found
 
 
+#: Batch sizes probed by default: the scoring step's defaults, then larger forwards.
+DEFAULT_SIZES = "256x16384,1024x32768,2048x65536"
+
 #: Forwards measured one at a time (from a quarter into the pass: full batches).
 DETAILED_FORWARDS = 8
 
@@ -205,6 +208,11 @@ def main() -> None:
     _bench.add_data_arguments(parser)
     parser.add_argument("--out", type=Path, default=Path("scoring_probe.json"))
     parser.add_argument("--tiny", action="store_true", help="CPU smoke test (2%% of the queries)")
+    parser.add_argument(
+        "--sizes",
+        default=DEFAULT_SIZES,
+        help="batch sizes to probe, comma-separated QUERIESxTOKENS (batch_size x max_batch_tokens)",
+    )
     args = parser.parse_args()
     from tango_fairscale.evaluation.call import EvalOptions
     from tango_fairscale.evaluation.lm import scoring_precision
@@ -215,16 +223,16 @@ def main() -> None:
     shape = "tiny" if args.tiny else "124m"
     model = ModelWrapper(config=_bench.gpt2_config(shape), tokenizer=str(args.tokenizer))
     model.eval().to(device)
-    options = EvalOptions(packed=True, progress=False)
     rows = []
     with scoring_precision(model, resolve_precision("bf16-mixed", device)):
-        for task in ("hellaswag", "mmlu"):
-            rows.append(probe_task(model, task, options, 0.02 if args.tiny else 1.0))
-            print(json.dumps(rows[-1]), flush=True)
-    _bench.write_json(
-        args.out,
-        {"environment": _bench.environment(None), "options": str(options), "tasks": rows},
-    )
+        for size in args.sizes.split(","):
+            batch_size, max_batch_tokens = (int(n) for n in size.split("x"))
+            options = EvalOptions(batch_size, max_batch_tokens, packed=True, progress=False)
+            for task in ("hellaswag", "mmlu"):
+                row = probe_task(model, task, options, 0.02 if args.tiny else 1.0)
+                rows.append({"batch_size": batch_size, "max_batch_tokens": max_batch_tokens, **row})
+                print(json.dumps(rows[-1]), flush=True)
+    _bench.write_json(args.out, {"environment": _bench.environment(None), "tasks": rows})
 
 
 if __name__ == "__main__":
