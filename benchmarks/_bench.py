@@ -198,34 +198,50 @@ def gpu_info() -> dict[str, Any]:
 
 class GpuSampler(threading.Thread):
     """GPU 0's utilisation and memory every 100 ms (``nvidia-smi -lms``) on
-    ``time.perf_counter``'s clock, until ``stopped`` is set; no samples without ``nvidia-smi``."""
+    ``time.perf_counter``'s clock, until ``stopped`` is set; no samples without ``nvidia-smi``.
+
+    Each sample is placed at the time ``nvidia-smi`` took it (its ``timestamp`` field), not when
+    its line reached this process: a pipe may hand the lines over late and in bursts."""
 
     def __init__(self) -> None:
         super().__init__(daemon=True)
         self.samples: list[tuple[float, float, float]] = []  # (time, util %, memory MiB)
         self.stopped = threading.Event()
+        self.arrived: list[float] = []  # when each sample's line reached this process
+        self.max_lag_s = 0.0  # the longest a sample's line took to arrive
 
     def run(self) -> None:
-        query = "--query-gpu=utilization.gpu,memory.used"
+        query = "--query-gpu=timestamp,utilization.gpu,memory.used"
         command = ["nvidia-smi", query, "--format=csv,noheader,nounits", "-lms", "100", "-i", "0"]
         try:
             smi = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
         except OSError:
             return
         assert smi.stdout is not None
+        perf_minus_epoch = time.perf_counter() - time.time()
         for line in smi.stdout:
             if self.stopped.is_set():
                 break
             try:
-                util, memory = (float(x) for x in line.split(","))
+                stamp, util, memory = (field.strip() for field in line.split(","))
+                taken = datetime.datetime.strptime(stamp, "%Y/%m/%d %H:%M:%S.%f").timestamp()
+                self.samples.append((taken + perf_minus_epoch, float(util), float(memory)))
+                self.arrived.append(time.perf_counter())
+                self.max_lag_s = max(self.max_lag_s, self.arrived[-1] - self.samples[-1][0])
             except ValueError:
                 continue
-            self.samples.append((time.perf_counter(), util, memory))
         smi.terminate()
 
-    def busy(self, *windows: tuple[float, float]) -> float | None:
-        """Mean utilisation (%) of the samples inside any of ``windows`` (start, end)."""
-        inside = [u for t, u, _ in self.samples if any(a <= t <= b for a, b in windows)]
+    def busy(self, *windows: tuple[float, float], by_arrival: bool = False) -> float | None:
+        """Mean utilisation (%) of the samples taken inside any of ``windows`` (start, end), or,
+        ``by_arrival``, of those whose line arrived inside them (how the samples were placed until
+        they carried ``nvidia-smi``'s timestamps: a check of what that placement measured)."""
+        times = self.arrived if by_arrival else [t for t, _, _ in self.samples]
+        inside = [
+            util
+            for t, (_, util, _) in zip(times, self.samples)
+            if any(a <= t <= b for a, b in windows)
+        ]
         return round(sum(inside) / len(inside), 1) if inside else None
 
 

@@ -8,6 +8,8 @@ batches, in a scoring step's precision context as ``task_scores`` scores:
 
 - ``first_pass_s``: :func:`~tango_fairscale.evaluation.scoring.score_queries` as the step calls
   it, once (kernels chosen); ``pass_s``: again;
+- ``nvml_busy_pct_*``: NVML's utilisation over each pass, as ``lm_eval_speed.py`` samples it
+  (``_by_arrival``: the samples whose line arrived inside the pass);
 - ``pack_s``: building its packed batches on the host alone;
 - ``enqueue_s`` / ``forwards_s``: the same forwards over batches packed and moved beforehand,
   queued without a wait: the host's time to queue them, then the time until the GPU is done
@@ -139,7 +141,9 @@ def one_forward_figures(model: Any, batches: list[dict[str, Any]], on_gpu: bool)
     }
 
 
-def probe_task(model: Any, task: str, options: Any, scale: float) -> dict[str, Any]:
+def probe_task(
+    model: Any, task: str, options: Any, scale: float, sampler: _bench.GpuSampler
+) -> dict[str, Any]:
     from tango_fairscale.data.batches import packed_batch
     from tango_fairscale.data.schedules import scoring_batches
     from tango_fairscale.evaluation.scoring import SCORING_WIDTH_MULTIPLE, score_queries
@@ -165,11 +169,11 @@ def probe_task(model: Any, task: str, options: Any, scale: float) -> dict[str, A
     started = time.perf_counter()
     score()  # as a command's pass: kernels chosen
     synchronize()
-    first_pass_s = time.perf_counter() - started
+    first_pass = (started, time.perf_counter())
     started = time.perf_counter()
     score()
     synchronize()
-    pass_s = time.perf_counter() - started
+    second_pass = (started, time.perf_counter())
 
     started = time.perf_counter()
     indices = scoring_batches(queries, options.batch_size, options.max_batch_tokens, True)
@@ -192,8 +196,11 @@ def probe_task(model: Any, task: str, options: Any, scale: float) -> dict[str, A
         "queries": len(queries),
         "forwards": len(batches),
         "tokens": sum(int(batch["input_ids"].numel()) for batch in batches),
-        "first_pass_s": round(first_pass_s, 3),
-        "pass_s": round(pass_s, 3),
+        "first_pass_s": round(first_pass[1] - first_pass[0], 3),
+        "pass_s": round(second_pass[1] - second_pass[0], 3),
+        "nvml_busy_pct_first_pass": sampler.busy(first_pass),
+        "nvml_busy_pct_pass": sampler.busy(second_pass),
+        "nvml_busy_pct_pass_by_arrival": sampler.busy(second_pass, by_arrival=True),
         "pack_s": round(pack_s, 3),
         "enqueue_s": round(enqueue_s, 3),
         "forwards_s": round(forwards_s, 3),
@@ -224,15 +231,19 @@ def main() -> None:
     model = ModelWrapper(config=_bench.gpt2_config(shape), tokenizer=str(args.tokenizer))
     model.eval().to(device)
     rows = []
+    sampler = _bench.GpuSampler()  # NVML's busy share of each pass, as lm_eval_speed.py reads it
+    sampler.start()
     with scoring_precision(model, resolve_precision("bf16-mixed", device)):
         for size in args.sizes.split(","):
             batch_size, max_batch_tokens = (int(n) for n in size.split("x"))
             options = EvalOptions(batch_size, max_batch_tokens, packed=True, progress=False)
             for task in ("hellaswag", "mmlu"):
-                row = probe_task(model, task, options, 0.02 if args.tiny else 1.0)
+                row = probe_task(model, task, options, 0.02 if args.tiny else 1.0, sampler)
                 rows.append({"batch_size": batch_size, "max_batch_tokens": max_batch_tokens, **row})
                 print(json.dumps(rows[-1]), flush=True)
-    _bench.write_json(args.out, {"environment": _bench.environment(None), "tasks": rows})
+    sampler.stopped.set()
+    environment = {**_bench.environment(None), "nvml_max_lag_s": round(sampler.max_lag_s, 2)}
+    _bench.write_json(args.out, {"environment": environment, "tasks": rows})
 
 
 if __name__ == "__main__":
