@@ -16,6 +16,7 @@ from .. import compat  # noqa: F401  (the fixes; transformers' before it is impo
 from ..compat.transformers import unpacked_sequences
 from ..data.batches import collate, packed_batch
 from ..data.queries import Query
+from ..runtime.devices import to_device
 from .decoding import next_token_logits
 from .fingerprint import source_fingerprint
 from .loading import (
@@ -180,9 +181,7 @@ class ModelWrapper(Model, CustomDetHash):
         if query_ids is None:
             raise ValueError("a packed batch (with position_ids) needs query_ids")
         # Packed rows are already shifted: input t predicts labels[:, t].
-        hidden = self.packed_hidden(
-            input_ids, position_ids, query_ids.to(input_ids.device, non_blocking=True)
-        )
+        hidden = self.packed_hidden(input_ids, position_ids, to_device(query_ids, input_ids.device))
         # query_ids stays on the CPU (move_batch): its largest value costs no device wait.
         num_queries = int(query_ids.max()) + 1
         return loss_outputs(
@@ -329,7 +328,7 @@ def move_batch(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
     return {
         name: value
         if name in HOST_INPUTS or not isinstance(value, torch.Tensor)
-        else value.to(device, non_blocking=True)
+        else to_device(value, device)
         for name, value in batch.items()
     }
 

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ..data.batches import IGNORE_INDEX
+from ..runtime.devices import to_device
 from .projection import aligned_projection
 
 #: Rows of logits computed at once (a 4096 × 50257 fp32 chunk is 0.8 GB).
@@ -86,14 +87,14 @@ def scored_row_nll(
     token_weights = (1.0 / num_tokens.clamp(min=1).float()).index_select(0, rows)
     weight, bias = aligned_projection(head)
     tokens = ScoredTokens(
-        targets.flatten().index_select(0, positions).to(device, non_blocking=True),
-        token_weights.to(device, non_blocking=True),
-        rows.to(device, non_blocking=True),
+        to_device(targets.flatten().index_select(0, positions), device),
+        to_device(token_weights, device),
+        to_device(rows, device),
         len(num_tokens),
     )
-    picked = hidden.flatten(0, 1).index_select(0, positions.to(device, non_blocking=True))
+    picked = hidden.flatten(0, 1).index_select(0, to_device(positions, device))
     inputs = (picked, weight, bias, tokens, transform, LOGIT_CHUNK_ROWS)
-    num_tokens = num_tokens.to(device, non_blocking=True)
+    num_tokens = to_device(num_tokens, device)
     trains = (
         hidden.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     )

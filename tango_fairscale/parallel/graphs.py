@@ -28,6 +28,7 @@ import torch
 from ..data.batches import IGNORE_INDEX
 from ..model.causal_lm import ModelWrapper
 from ..model.loss import weighted_nll_sum
+from ..runtime.devices import pinned_for
 from .precision import Precision
 
 #: A graphed step's row is padded up to a multiple of this many tokens (one graph per length).
@@ -118,7 +119,7 @@ class GraphedSteps:
         for host in hosts:
             graph, inputs = self.graphs[host["input_ids"].shape[1]]
             for key, value in host.items():
-                inputs[key].copy_(value, non_blocking=True)
+                inputs[key].copy_(pinned_for(value, self.device), non_blocking=True)
             graph.replay()
             step_loss += self.loss
         return step_loss

@@ -1,4 +1,4 @@
-"""Which device each training process of a job uses."""
+"""Which device each training process of a job uses, and how a host tensor gets to it."""
 
 from __future__ import annotations
 
@@ -40,3 +40,21 @@ def job_devices(device_count: int) -> list[int]:
             )
         return list(range(device_count))
     return [-1] * device_count
+
+
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``tensor`` on ``device``, queued without waiting for the device's earlier work
+    (:func:`pinned_for`)."""
+    return pinned_for(tensor, device).to(device, non_blocking=True)
+
+
+def pinned_for(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``tensor``, in pinned memory if it is a host tensor bound for a GPU.
+
+    A CUDA copy from pageable host memory waits until the stream's queued kernels are done, so a
+    loop that moves each batch could not run ahead of the GPU; a copy from pinned memory is
+    queued like a kernel (with ``non_blocking=True``; torch's caching host allocator reuses the
+    block once the copy is done)."""
+    if device.type == "cuda" and tensor.device.type == "cpu" and not tensor.is_pinned():
+        return tensor.pin_memory()
+    return tensor
