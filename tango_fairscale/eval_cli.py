@@ -34,6 +34,7 @@ from datetime import datetime
 from pathlib import Path
 
 from .eval_results import header, lm_eval_results, results_file, results_tables, write_results
+from .evaluation import DEFAULT_BATCH_SIZE
 
 #: The config and settings the command runs: the repository's (next to the package).
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -112,7 +113,7 @@ def _add_settings(parser: argparse.ArgumentParser) -> None:
         "--batch_size",
         type=_positive,
         metavar="B",
-        help="queries per scoring batch (default 256; speed only: not in the cache key)",
+        help=f"queries per scoring batch (default {DEFAULT_BATCH_SIZE}; speed only: not cached)",
     )
     parser.add_argument(
         "--device_count",

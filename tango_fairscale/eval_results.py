@@ -11,6 +11,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from .evaluation import DEFAULT_BATCH_SIZE
+
 
 def lm_eval_results(
     workspace: str, run_name: str, args: argparse.Namespace, started: float
@@ -29,7 +31,7 @@ def lm_eval_results(
     results["config"] = {
         "model": "tango_fairscale",
         "model_args": f"pretrained={args.model}",
-        "batch_size": args.batch_size or 256,
+        "batch_size": args.batch_size or DEFAULT_BATCH_SIZE,
         "batch_sizes": [],
         "device": scored.get("device"),
         "precision": scored.get("precision"),
@@ -58,7 +60,7 @@ def header(args: argparse.Namespace) -> str:
     return (
         f"tango_fairscale (pretrained={args.model}), gen_kwargs: (None), "
         f"limit: {args.limit or None}, num_fewshot: {args.num_fewshot}, "
-        f"batch_size: {args.batch_size or 256}"
+        f"batch_size: {args.batch_size or DEFAULT_BATCH_SIZE}"
     )
 
 

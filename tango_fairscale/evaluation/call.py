@@ -20,6 +20,7 @@ from ..model.causal_lm import ModelWrapper, move_batch
 from ..model.decoding import new_cache
 from ..runtime.process_group import alone
 from ..tasks.generation import DEFAULT_MAX_GEN_TOKS
+from . import DEFAULT_BATCH_SIZE, DEFAULT_MAX_BATCH_TOKENS
 
 #: lm-eval's default seed of torch's generator (``simple_evaluate``'s ``torch_random_seed``).
 DEFAULT_SEED = 1234
@@ -37,8 +38,8 @@ class EvalOptions:
     :param progress: show progress bars.
     """
 
-    batch_size: int = 256
-    max_batch_tokens: int | None = 16384
+    batch_size: int = DEFAULT_BATCH_SIZE
+    max_batch_tokens: int | None = DEFAULT_MAX_BATCH_TOKENS
     packed: bool = False
     progress: bool = True
 

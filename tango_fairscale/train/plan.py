@@ -46,7 +46,7 @@ class TrainRuntime(FromParams):
         the engine's model takes packed batches (``ModelWrapper.supports_packing``; never under
         the ``pipe`` engine), else padded; ``true`` is refused where it does not.
     :param eval_batch_size: queries per validation batch, of at most
-        ``EvalOptions.max_batch_tokens`` (16,384) tokens: the scoring step's batches.
+        ``EvalOptions.max_batch_tokens`` (32,768) tokens: the scoring step's batches.
     :param distributed_port: the port the processes meet on; ``null``: a free one.
     :param preemption_signal: on this signal (``SIGTERM``, ``SIGUSR1``, ...) every rank finishes
         its step, a checkpoint is written and the step fails with ``TrainingStopped``; rerunning
