@@ -116,7 +116,7 @@ class TaskScoresStep(Step[dict]):
         model = self.kwargs.get("model")
         if not isinstance(model, ModelSource):
             return super().unique_id
-        return unique_id_with(self, model=model.hash_stand_in())
+        return unique_id_with(self, lambda: {"model": model.hash_stand_in()})
 
     def run(  # type: ignore[override]
         self,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from tango import Step
@@ -57,7 +57,7 @@ class TaskRequestsStep(Step[dict]):
     @property
     def unique_id(self) -> str:
         """Tango's unique id, with lm-eval's version hashed beside the task spec."""
-        return unique_id_with(self, lm_eval_version=lm_eval_version())
+        return unique_id_with(self, lambda: {"lm_eval_version": lm_eval_version()})
 
     def run(self, task: TaskSpec) -> dict:  # type: ignore[override]
         loaded = load_tasks(task)
@@ -93,13 +93,14 @@ def _hand_off_key(requests: Mapping[str, Any]) -> str:
     return json.dumps([requests.get("label"), requests.get("spec")], sort_keys=True)
 
 
-def unique_id_with(step: Step, **hashed: Any) -> str:
-    """``step``'s Tango unique id computed as if its arguments were updated with ``hashed``
-    (what stands for an argument in the cache key, or what the key holds beside them)."""
+def unique_id_with(step: Step, hashed: Callable[[], Mapping[str, Any]]) -> str:
+    """``step``'s Tango unique id computed as if its arguments were updated with ``hashed()``
+    (what stands for an argument in the cache key, or what the key holds beside them). Computed
+    once a step: Tango asks for it at every hash of the step, and ``hashed`` may read files."""
     if step.unique_id_cache is not None:
         return step.unique_id_cache
     kwargs = step.kwargs
-    step.kwargs = {**kwargs, **hashed}
+    step.kwargs = {**kwargs, **hashed()}
     try:
         return Step.unique_id.fget(step)  # type: ignore[attr-defined]
     finally:

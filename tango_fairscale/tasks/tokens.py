@@ -59,7 +59,7 @@ class TaskTokensStep(Step[dict]):
         tokenizer = self.kwargs.get("tokenizer")
         if not isinstance(tokenizer, str):
             return super().unique_id
-        return unique_id_with(self, tokenizer=tokenizer_fingerprint(tokenizer))
+        return unique_id_with(self, lambda: {"tokenizer": tokenizer_fingerprint(tokenizer)})
 
     def run(self, requests: dict, tokenizer: str) -> dict:  # type: ignore[override]
         if not isinstance(tokenizer, str):

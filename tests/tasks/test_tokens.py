@@ -3,7 +3,8 @@
 * stored and read back, its queries are the ones the scorer encodes itself, at any window (a
   window shorter than some pairs too), and ``task_scores`` given them answers as without them;
 * its cache key is the requests' and the tokenizer's files: a second model directory with the
-  same tokenizer files and other weights shares it, another tokenizer's files change it;
+  same tokenizer files and other weights shares it, another tokenizer's files change it; a step
+  reads those files once for its key;
 * tokens of another tokenizer or other requests are refused in one line.
 """
 
@@ -102,6 +103,24 @@ def test_the_cache_key_is_the_tokenizers_files_not_the_weights(
     config = json.loads((other / "tokenizer_config.json").read_text())
     (other / "tokenizer_config.json").write_text(json.dumps({**config, "model_max_length": 77}))
     assert key(other) != key(first)
+
+
+def test_the_tokenizer_files_are_read_once_for_a_steps_key(
+    requests, tokenizer_dir, monkeypatch
+) -> None:
+    """Tango asks for a step's unique id at every hash of the step (dozens a command)."""
+    from tango_fairscale.tasks import tokens as tokens_module
+
+    reads = []
+    fingerprint = tokens_module.tokenizer_fingerprint
+    monkeypatch.setattr(
+        tokens_module,
+        "tokenizer_fingerprint",
+        lambda source: reads.append(source) or fingerprint(source),
+    )
+    step = TaskTokensStep(requests=requests, tokenizer=str(tokenizer_dir))
+    keys = {step.unique_id for _ in range(3)} | {str(hash(step)) for _ in range(3)}
+    assert len(keys) <= 2 and reads == [str(tokenizer_dir)]
 
 
 def test_tokens_of_another_tokenizer_or_other_requests_are_refused(
