@@ -103,8 +103,8 @@ def device_waits(forward: Any, batch: dict[str, torch.Tensor]) -> list[str]:
     return found
 
 
-#: Batch sizes probed by default: the scoring step's defaults, then larger forwards.
-DEFAULT_SIZES = "256x16384,1024x32768,2048x65536"
+#: Batch sizes probed by default: the scoring step's defaults, then the earlier 256 x 16,384.
+DEFAULT_SIZES = "1024x32768,256x16384"
 
 #: Forwards measured one at a time (from a quarter into the pass: full batches).
 DETAILED_FORWARDS = 8
