@@ -4,7 +4,7 @@
   window shorter than some pairs too), and ``task_scores`` given them answers as without them;
 * its cache key is the requests' and the tokenizer's files: a second model directory with the
   same tokenizer files and other weights shares it, another tokenizer's files change it; a step
-  reads those files once for its key;
+  reads those files once for its key, and the tokens steps of a command load the tokenizer once;
 * tokens of another tokenizer or other requests are refused in one line.
 """
 
@@ -135,3 +135,26 @@ def test_tokens_of_another_tokenizer_or_other_requests_are_refused(
         checked_pairs(tokens, fewer, str(tokenizer_dir))
     with pytest.raises(ConfigurationError, match="task_tokens result"):
         checked_pairs({**tokens, "format": 0}, requests, str(tokenizer_dir))
+
+
+def test_the_tokens_steps_of_a_command_load_their_tokenizer_once(
+    tmp_path, requests, tokenizer_dir, monkeypatch
+) -> None:
+    """Another task's tokens step reuses the tokenizer; changed tokenizer files are loaded anew."""
+    from tango_fairscale.tasks import tokens as tokens_module
+
+    loads = []
+    monkeypatch.setattr(
+        tokens_module,
+        "load_tokenizer",
+        lambda source: loads.append(source) or load_tokenizer(source),
+    )
+    tokens_module.shared_tokenizer.cache_clear()
+    directory = Path(shutil.copytree(tokenizer_dir, tmp_path / "tokenizer"))
+    first = TaskTokensStep().run(requests=requests, tokenizer=str(directory))
+    again = TaskTokensStep().run(requests=requests, tokenizer=str(directory))
+    assert len(loads) == 1 and first["ids"].equal(again["ids"])
+    (directory / "README.md").write_text("another file: other tokenizer files\n")
+    TaskTokensStep().run(requests=requests, tokenizer=str(directory))
+    assert len(loads) == 2
+    tokens_module.shared_tokenizer.cache_clear()
