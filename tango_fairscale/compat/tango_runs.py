@@ -12,7 +12,8 @@ Once a ``tango run`` that the user typed has finished (its steps done, its loggi
 Tango), Python would still free every module it imported (torch, transformers, lm-eval: 1.3-2 s
 on 2 cores, measured on an evaluation-only run): the process joins its remaining threads, runs its
 exit handlers, flushes its output and ends there, with status 0 (:func:`exit_now`;
-:func:`patch_tango_run_exit` is applied by ``tango_fairscale/__init__.py`` to that process only:
+:func:`patch_tango_run_exit` is applied by ``tango_fairscale/__init__.py`` to that process only,
+started as ``tango`` or as ``python -m tango``:
 ``tango_fairscale run`` under a launcher still has its other ranks to release after Tango's
 command). A failed run ends as before.
 """
@@ -74,8 +75,8 @@ def patch_tango_run_exit() -> None:
     """Make Tango's command group end the process through :func:`exit_now` once ``run`` has
     succeeded and Tango's own cleanup (its result callback) has run."""
     import click
-    from tango.__main__ import main
 
+    main = running_tango_command()
     original = main._result_callback
     if original is None or getattr(original, "exits_now", False):
         return
@@ -88,6 +89,19 @@ def patch_tango_run_exit() -> None:
 
     cleanup.exits_now = True  # type: ignore[attr-defined]
     main._result_callback = cleanup
+
+
+def running_tango_command() -> Any:
+    """Tango's command group as this process runs it. ``python -m tango`` runs Tango's
+    ``__main__.py`` as the module ``__main__``: importing ``tango.__main__`` would give a second
+    copy, whose command group never runs."""
+    running = sys.modules.get("__main__")
+    spec = getattr(running, "__spec__", None)
+    if spec is not None and spec.name == "tango.__main__" and hasattr(running, "main"):
+        return running.main
+    from tango.__main__ import main
+
+    return main
 
 
 def exit_now() -> NoReturn:

@@ -1,6 +1,6 @@
 """A local run records when its ``tango run`` process started and a finished one exits without its
-teardown (``compat/tango_runs.py``); Tango runs in a git repository without an origin
-(``compat/__init__.py``)."""
+teardown, started as ``tango`` or as ``python -m tango`` (``compat/tango_runs.py``); Tango runs in
+a git repository without an origin (``compat/__init__.py``)."""
 
 from __future__ import annotations
 
@@ -60,3 +60,24 @@ print("not reached")
     assert (done.returncode, done.stdout) == (0, "unflushed"), done.stderr
     assert (tmp_path / "handler").read_text() == "ran"
     assert (tmp_path / "thread").read_text() == "joined"
+
+
+@pytest.mark.parametrize("invoked", ["python -m tango", "the tango script"])
+def test_a_finished_run_ends_through_exit_now_however_tango_was_started(invoked) -> None:
+    """``python -m tango`` runs Tango's ``__main__.py`` as ``__main__``: its command group, not an
+    imported copy's, is the one that must end the process (a second's teardown otherwise)."""
+    script = f"""
+import importlib.util, runpy, sys
+from tango_fairscale.compat import tango_runs
+if {invoked == "python -m tango"!r}:
+    module = importlib.util.module_from_spec(importlib.util.find_spec("tango.__main__"))
+    module.__spec__.loader.exec_module(module)  # as runpy runs it, before calling main()
+    sys.modules["__main__"] = module
+    running = module.main
+else:
+    from tango.__main__ import main as running
+tango_runs.patch_tango_run_exit()
+assert getattr(running._result_callback, "exits_now", False), "not patched"
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
