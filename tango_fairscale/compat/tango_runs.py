@@ -97,7 +97,7 @@ def running_tango_command() -> Any:
     copy, whose command group never runs."""
     running = sys.modules.get("__main__")
     spec = getattr(running, "__spec__", None)
-    if spec is not None and spec.name == "tango.__main__" and hasattr(running, "main"):
+    if running is not None and spec is not None and spec.name == "tango.__main__":
         return running.main
     from tango.__main__ import main
 
