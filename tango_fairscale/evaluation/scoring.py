@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from tango.common import Tqdm
+from tango.common.exceptions import ConfigurationError
 
 from ..data.batches import collate, packed_batch
 from ..data.queries import Query
@@ -79,7 +80,10 @@ def score_queries(
     bar = Tqdm.tqdm(total=len(queries), desc="Scoring", unit="query", disable=not options.progress)
     for index in range(max(num_forwards or 0, len(batches))):
         rows = [queries[i] for i in batches[index]] if index < len(batches) else filler
-        outputs = forward(move_batch(make_batch(rows), device))
+        try:
+            outputs = forward(move_batch(make_batch(rows), device))
+        except torch.OutOfMemoryError:
+            raise out_of_memory(rows, options) from None
         if index < len(batches):
             results.append(outputs["loglikelihood"].double())
             greedy.append(outputs["greedy"])
@@ -95,6 +99,17 @@ def score_queries(
     bar.update(sum(num_rows for _, num_rows in queued))
     bar.close()
     return _in_query_order(batches, results, greedy)
+
+
+def out_of_memory(rows: Sequence[Query], options: EvalOptions) -> ConfigurationError:
+    """The one-line error of a scoring batch of ``rows`` that ran out of device memory."""
+    tokens = sum(len(query) for query in rows)
+    return ConfigurationError(
+        f"scoring ran out of GPU memory on a batch of {len(rows):,} queries and {tokens:,} "
+        f"tokens: lower the scoring batches' max_batch_tokens (now {options.max_batch_tokens}) "
+        f"or batch_size (now {options.batch_size}; the training step's runtime.eval_batch_size, "
+        "tango-fairscale eval's --batch_size)"
+    )
 
 
 def _in_query_order(

@@ -1,7 +1,8 @@
 """Batched scoring (``tango_fairscale.evaluation.scoring``) against one query at a time through the
 model's own forward, the same scores whatever the batching at log-likelihoods in the thousands,
-and the task scores step's own options (precision, packing, bad values). Exactness against
-lm-evaluation-harness itself is in ``test_lm_eval_exact.py``."""
+and the task scores step's own options (precision, packing, bad values); a batch out of device
+memory refused in one line. Exactness against lm-evaluation-harness itself is in
+``test_lm_eval_exact.py``."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import torch
 from conftest import TINY_GPT2, choice_queries
 from helpers.steep import STEEP, exact_log_likelihood, random_queries
 from helpers.tokenizer import vocabulary_fields
+from tango.common.exceptions import ConfigurationError
 
 from tango_fairscale.data.queries import Query
 from tango_fairscale.data.schedules import length_sorted_batches
@@ -83,6 +85,21 @@ def one_query_answer(model: ModelWrapper, query: Query) -> tuple[float, bool]:
     targets = tokens[0, -n:]
     greedy = bool((log_probs[-n:].argmax(dim=-1) == targets).all())
     return float(log_probs[-n:].gather(1, targets[:, None]).sum()), greedy
+
+
+def test_a_batch_out_of_device_memory_says_which_sizes_to_lower(model, examples) -> None:
+    queries = choice_queries(examples[:5], model.tokenizer, model.max_length)
+
+    def out_of_memory(batch: dict[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB")
+
+    options = EvalOptions(batch_size=4, max_batch_tokens=512)
+    with pytest.raises(ConfigurationError) as refused:
+        score_queries(out_of_memory, queries, options, pad_token_id=0, device=torch.device("cpu"))
+    message = str(refused.value)
+    assert message.startswith("scoring ran out of GPU memory on a batch of 4 queries and ")
+    assert "max_batch_tokens (now 512)" in message and "batch_size (now 4;" in message
+    assert "\n" not in message
 
 
 @pytest.mark.parametrize("packed", [False, True])
