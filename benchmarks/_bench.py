@@ -208,7 +208,6 @@ class GpuSampler(threading.Thread):
         self.samples: list[tuple[float, float, float]] = []  # (time, util %, memory MiB)
         self.stopped = threading.Event()
         self.arrived: list[float] = []  # when each sample's line reached this process
-        self.max_lag_s = 0.0  # the longest a sample's line took to arrive
 
     def run(self) -> None:
         query = "--query-gpu=timestamp,utilization.gpu,memory.used"
@@ -227,15 +226,14 @@ class GpuSampler(threading.Thread):
                 taken = datetime.datetime.strptime(stamp, "%Y/%m/%d %H:%M:%S.%f").timestamp()
                 self.samples.append((taken + perf_minus_epoch, float(util), float(memory)))
                 self.arrived.append(time.perf_counter())
-                self.max_lag_s = max(self.max_lag_s, self.arrived[-1] - self.samples[-1][0])
             except ValueError:
                 continue
         smi.terminate()
 
     def busy(self, *windows: tuple[float, float], by_arrival: bool = False) -> float | None:
         """Mean utilisation (%) of the samples taken inside any of ``windows`` (start, end), or,
-        ``by_arrival``, of those whose line arrived inside them (how the samples were placed until
-        they carried ``nvidia-smi``'s timestamps: a check of what that placement measured)."""
+        ``by_arrival``, of those whose line arrived inside them (a check that the pipe's delay
+        moves no sample into another window)."""
         times = self.arrived if by_arrival else [t for t, _, _ in self.samples]
         inside = [
             util
@@ -243,6 +241,10 @@ class GpuSampler(threading.Thread):
             if any(a <= t <= b for a, b in windows)
         ]
         return round(sum(inside) / len(inside), 1) if inside else None
+
+    def max_lag_s(self) -> float:
+        """The longest a sample's line took to reach this process."""
+        return max((a - t for a, (t, _, _) in zip(self.arrived, self.samples)), default=0.0)
 
 
 def write_json(path: Path, data: Any) -> None:

@@ -103,7 +103,7 @@ def device_waits(forward: Any, batch: dict[str, torch.Tensor]) -> list[str]:
     return found
 
 
-#: Batch sizes probed by default: the scoring step's defaults, then the earlier 256 x 16,384.
+#: Batch sizes probed by default: the scoring step's defaults, then 256 queries and 16,384 tokens.
 DEFAULT_SIZES = "1024x32768,256x16384"
 
 #: Forwards measured one at a time (from a quarter into the pass: full batches).
@@ -242,7 +242,7 @@ def main() -> None:
                 rows.append({"batch_size": batch_size, "max_batch_tokens": max_batch_tokens, **row})
                 print(json.dumps(rows[-1]), flush=True)
     sampler.stopped.set()
-    environment = {**_bench.environment(None), "nvml_max_lag_s": round(sampler.max_lag_s, 2)}
+    environment = {**_bench.environment(None), "nvml_max_lag_s": round(sampler.max_lag_s(), 2)}
     _bench.write_json(args.out, {"environment": environment, "tasks": rows})
 
 

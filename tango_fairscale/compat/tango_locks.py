@@ -62,7 +62,8 @@ def step_starting(self: Any, step: Any) -> None:
     if not step.cache_results:
         return
     self.step_info(step)  # records a new step (and its dependencies) before the lock is taken
-    lock = FileLock(self._step_lock_file(step), read_only_ok=True)
+    lock_file = self._step_lock_file(step)
+    lock = FileLock(lock_file, read_only_ok=True)
     lock.acquire_with_updates(desc=f"waiting for step '{step.name}', which another run holds")
     try:
         _record_start(self, step)
@@ -70,7 +71,7 @@ def step_starting(self: Any, step: Any) -> None:
         lock.release()
         raise
     self.locks[step] = lock
-    _held[str(self._step_lock_file(step))] = lock
+    _held[str(lock_file)] = lock
 
 
 def _record_start(workspace: Any, step: Any) -> None:
