@@ -13,8 +13,8 @@
 #     size, so those must share one session;
 #   * the commands' tests (tests/test_*.py, tests/runtime, tests/integration/{commands,runtime}:
 #     tango run, torchrun, SLURM, caching, the results CLI, ...) and, to even the shares, the
-#     generation comparison with lm-eval (tests/integration/evaluation/test_generation_exact.py),
-#     printed after.
+#     generation comparison with lm-eval and the in-loop suite on several ranks
+#     (tests/integration/evaluation/test_{generation_exact,in_loop_suite_ranks}.py), printed after.
 # Each session keeps to one intra-op thread (OMP_NUM_THREADS=1, as under torchrun): two sessions
 # of two threads each would oversubscribe the cores. mypy checks meanwhile; its report comes
 # last. Any of the three failing fails the command.
@@ -29,7 +29,7 @@ bash scripts/setup.sh
 export OMP_NUM_THREADS=1
 package=(tests/parallel tests/train tests/model tests/evaluation tests/compat)
 package+=(tests/integration/parallel tests/integration/train tests/integration/model)
-package+=(tests/integration/evaluation/test_{generation_ranks,in_loop_suite_ranks}.py)
+package+=(tests/integration/evaluation/test_generation_ranks.py)
 package+=(tests/integration/evaluation/test_{lm_eval_exact,scoring_ranks}.py tests/integration/compat)
 package+=(tests/data tests/tasks tests/records tests/results tests/helpers)
 pytest_args=(-q -m "slow or not slow" --durations=10)
