@@ -51,6 +51,7 @@ def score_queries(
     pad_token_id: int,
     device: torch.device,
     num_forwards: int | None = None,
+    batches: Sequence[Sequence[int]] | None = None,
 ) -> list[tuple[float, bool]]:
     """Each query's ``(log-likelihood of its continuation, whether the continuation is the
     greedy one)`` — lm-eval's ``loglikelihood`` answers — in the order of ``queries``; each
@@ -63,9 +64,14 @@ def score_queries(
     :func:`~tango_fairscale.data.batches.packed_batch`. Results stay on the device until the end;
     Python runs at most ``QUEUED_FORWARDS`` forwards ahead of a GPU. ``num_forwards`` (at least
     the number of batches) pads the work with repeated forwards of a one-query batch whose
-    results are discarded, so that all ranks call ``forward`` equally often.
+    results are discarded, so that all ranks call ``forward`` equally often. ``batches``: those
+    batches when the caller has made them (made once: the GPU waits for them before its first
+    forward).
     """
-    batches = scoring_batches(queries, options.batch_size, options.max_batch_tokens, options.packed)
+    if batches is None:
+        batches = scoring_batches(
+            queries, options.batch_size, options.max_batch_tokens, options.packed
+        )
     if options.packed:
         make_batch = functools.partial(
             packed_batch, pad_token_id=pad_token_id, width_multiple=SCORING_WIDTH_MULTIPLE
@@ -143,15 +149,20 @@ def score_on_all_ranks(
     rank, world_size = rank_and_world_size()
     bounds = [len(queries) * r // world_size for r in range(world_size + 1)]
     mine = queries[bounds[rank] : bounds[rank + 1]]
-    num_forwards = len(
-        scoring_batches(mine, options.batch_size, options.max_batch_tokens, options.packed)
-    )
+    batches = scoring_batches(mine, options.batch_size, options.max_batch_tokens, options.packed)
+    num_forwards = len(batches)
     if world_size > 1:
         agreed = torch.tensor([num_forwards], device=device)
         dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
         num_forwards = int(agreed.item())
     scores = score_queries(
-        forward, mine, options, pad_token_id=pad_token_id, device=device, num_forwards=num_forwards
+        forward,
+        mine,
+        options,
+        pad_token_id=pad_token_id,
+        device=device,
+        num_forwards=num_forwards,
+        batches=batches,
     )
     if world_size == 1:
         return scores

@@ -20,7 +20,7 @@ from helpers.tokenizer import vocabulary_fields
 from tango.common.exceptions import ConfigurationError
 
 from tango_fairscale.data.queries import Query
-from tango_fairscale.data.schedules import length_sorted_batches
+from tango_fairscale.data.schedules import length_sorted_batches, scoring_batches
 from tango_fairscale.evaluation.call import EvalOptions
 from tango_fairscale.evaluation.scoring import score_queries
 from tango_fairscale.evaluation.steps import TaskScoresStep
@@ -100,6 +100,25 @@ def test_a_batch_out_of_device_memory_says_which_sizes_to_lower(model, examples)
     assert message.startswith("scoring ran out of GPU memory on a batch of 4 queries and ")
     assert "max_batch_tokens (now 512)" in message and "batch_size (now 4;" in message
     assert "\n" not in message
+
+
+def test_a_pass_makes_its_batches_once(model, examples, monkeypatch) -> None:
+    # The GPU waits for the batches before its first forward (0.2 s for 32,000 HellaSwag queries).
+    from tango_fairscale.evaluation import scoring
+
+    made = []
+
+    def counted(*args: Any, **kwargs: Any) -> list[list[int]]:
+        made.append(args[0])
+        return scoring_batches(*args, **kwargs)
+
+    monkeypatch.setattr(scoring, "scoring_batches", counted)
+    queries = choice_queries(examples[:6], model.tokenizer, model.max_length)
+    options = EvalOptions(batch_size=4, max_batch_tokens=None, packed=True, progress=False)
+    answers = scoring.score_on_all_ranks(
+        forward_of(model), queries, options, pad_token_id=model.pad_token_id, device=CPU
+    )
+    assert len(made) == 1 and len(answers) == len(queries)
 
 
 @pytest.mark.parametrize("packed", [False, True])
