@@ -65,13 +65,10 @@ def score_queries(
     Python runs at most ``QUEUED_FORWARDS`` forwards ahead of a GPU. ``num_forwards`` (at least
     the number of batches) pads the work with repeated forwards of a one-query batch whose
     results are discarded, so that all ranks call ``forward`` equally often. ``batches``: those
-    batches when the caller has made them (made once: the GPU waits for them before its first
-    forward).
+    batches, made by the caller (made once: the GPU waits for them).
     """
-    if batches is None:
-        batches = scoring_batches(
-            queries, options.batch_size, options.max_batch_tokens, options.packed
-        )
+    sizes = (options.batch_size, options.max_batch_tokens, options.packed)
+    batches = scoring_batches(queries, *sizes) if batches is None else batches
     if options.packed:
         make_batch = functools.partial(
             packed_batch, pad_token_id=pad_token_id, width_multiple=SCORING_WIDTH_MULTIPLE
