@@ -13,10 +13,12 @@ encodes them.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
+
+from .context_cuts import context_cutter
 
 #: Texts per thread below which a batch is encoded in one call (a thread's start costs more).
 TEXTS_PER_THREAD = 1024
@@ -52,17 +54,17 @@ def pair_ids(tokenizer: Any, pairs: Sequence[tuple[str, str]]) -> list[tuple[lis
     """Each pair's untruncated tokens, context then continuation (the model's window plays no
     part), and how many of them are the context's."""
     moved = [_move_trailing_spaces(context, continuation) for context, continuation in pairs]
-    texts = [context + continuation for context, continuation in moved if context]
     # A context shared by several continuations (the choices of a question) is tokenized once.
-    texts += list(dict.fromkeys(context for context, _ in moved if context))
-    ids = dict(zip(texts, token_ids(tokenizer, texts)))
+    contexts = list(dict.fromkeys(context for context, _ in moved if context))
+    context_ids = dict(zip(contexts, token_ids(tokenizer, contexts)))
+    whole = _whole_ids(tokenizer, moved, context_ids)
     alone = [continuation for context, continuation in moved if not context]
     ids_alone = dict(zip(alone, token_ids(tokenizer, alone, special_tokens=False)))
     encoded = []
-    for context, continuation in moved:
+    for (context, continuation), whole_ids in zip(moved, whole, strict=True):
         if context:
-            context_tokens = ids[context]
-            continuation_tokens = ids[context + continuation][len(context_tokens) :]
+            context_tokens = context_ids[context]
+            continuation_tokens = whole_ids[len(context_tokens) :]
         else:
             context_tokens, continuation_tokens = _after_prefix(tokenizer, ids_alone[continuation])
         if not continuation_tokens:
@@ -71,6 +73,36 @@ def pair_ids(tokenizer: Any, pairs: Sequence[tuple[str, str]]) -> list[tuple[lis
             )
         encoded.append((context_tokens + continuation_tokens, len(context_tokens)))
     return encoded
+
+
+def _whole_ids(
+    tokenizer: Any, moved: Sequence[tuple[str, str]], context_ids: Mapping[str, list[int]]
+) -> list[list[int]]:
+    """Each pair's ``context + continuation`` encoded (``[]`` without a context): from its
+    context's tokens up to a cut and the rest of the text where the tokenizer allows it
+    (:mod:`.context_cuts`), else whole."""
+    cutter = context_cutter(tokenizer)
+    cuts = {}
+    if cutter is not None:
+        cuts = dict(zip(context_ids, cutter.cuts(list(context_ids), list(context_ids.values()))))
+    texts: list[str] = []  # (the rest of) each pair's text
+    kept: list[int | None] = []  # the context's tokens it starts with (None: encoded whole)
+    for context, continuation in moved:
+        cut = cuts.get(context)
+        if cut is not None and cutter is not None and cutter.fits(context, continuation):
+            texts.append(context[len(context) - cut[1] :] + continuation)
+            kept.append(cut[0])
+        else:
+            texts.append(context + continuation if context else "")
+            kept.append(None)
+    rests = [text for text, count in zip(texts, kept) if count is not None]
+    wholes = [text for text, count in zip(texts, kept) if count is None and text]
+    ids = dict(zip(wholes, token_ids(tokenizer, wholes)))
+    rest_ids = dict(zip(rests, token_ids(tokenizer, rests, special_tokens=False)))
+    return [
+        (ids.get(text, []) if count is None else context_ids[context][:count] + rest_ids[text])
+        for (context, _), text, count in zip(moved, texts, kept, strict=True)
+    ]
 
 
 def query_of(ids: Sequence[int], context_length: int, max_length: int) -> Query:
