@@ -12,9 +12,9 @@ looking past the character after it: the whole text's words are the context's wo
 cut, then the words of the rest. The cut is made before the ``WORDS_AFTER_CUT``-th such token from
 the end. It is made only where all of that holds: the pipeline is exactly that (no normalizer,
 GPT-2's expression, BPE without dropout, a byte-level decoder, special tokens added at the start
-only), the tokens after the cut decode to the context's last characters, and no added token's
-text is in the context or within its reach of the continuation (added tokens are split out of the
-whole text first). Anywhere else the caller encodes the whole text.
+only), the tokens after the cut decode to the context's last characters (a space first), and no
+added token's text is in the context or within its reach of the continuation (added tokens are
+split out of the whole text first). Anywhere else the caller encodes the whole text.
 """
 
 from __future__ import annotations
@@ -59,7 +59,8 @@ class ContextCutter:
         found: list[tuple[int, int] | None] = [None] * len(contexts)
         for index, tail in zip(cut, tails, strict=True):
             count = kept[index]
-            if count is not None and contexts[index].endswith(tail):  # else: encoded whole
+            # A cut token decodes to a space and a character; else the context is encoded whole.
+            if count is not None and tail[:1] == " " and contexts[index].endswith(tail):
                 found[index] = (count, len(tail))
         return found
 
