@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from tango_fairscale.data import context_cuts
 from tango_fairscale.data.context_cuts import context_cutter
 from tango_fairscale.data.queries import pair_ids, token_ids
 
@@ -67,13 +66,26 @@ def test_every_pair_encodes_as_its_whole_text(gpt2) -> None:
     ],
 )
 def test_a_cut_is_made_where_no_text_after_the_context_changes_the_words_before_it(
-    gpt2, context: str, continuation: str, inside_a_word: bool, monkeypatch: pytest.MonkeyPatch
+    gpt2, context: str, continuation: str, inside_a_word: bool
 ) -> None:
     expected = whole_text_ids(gpt2, context, continuation)
     assert pair_ids(gpt2, [(context, continuation)]) == [expected]
-    if inside_a_word:  # cut before the context's last token instead: not a word's start
-        monkeypatch.setattr(context_cuts.ContextCutter, "_cut", lambda self, ids: len(ids) - 1)
-        assert pair_ids(gpt2, [(context, continuation)]) != [expected]
+    if not inside_a_word:
+        return
+    # The cut is at a word's start (a space), where the rest encodes alone to the whole text's
+    # tokens.
+    whole = gpt2(context + continuation)["input_ids"]
+    cutter = context_cutter(gpt2)
+    assert cutter is not None
+    context_ids = gpt2(context)["input_ids"]
+    ((kept, characters),) = cutter.cuts([context], [context_ids])
+    assert context[-characters] == " "
+    rest = gpt2(context[-characters:] + continuation)["input_ids"]
+    assert context_ids[:kept] + rest == whole
+    # Cut before the context's last token instead, inside its last word, the tokens differ.
+    last = len(gpt2.decode(context_ids[-1:]))
+    rest = gpt2(context[-last:] + continuation)["input_ids"]
+    assert context_ids[:-1] + rest != whole
 
 
 def test_tokenizers_of_other_kinds_are_not_cut(gpt2, tmp_path: Path) -> None:
