@@ -94,11 +94,11 @@ EARLIER: dict[str, dict[str, str | None]] = {
         "figure": "analysis: the synthetic suite (fresh, second model) and PIQA eval-only under "
         "cProfile; FSDP2's import (through transformers) registers 128 custom ops",
     },
-    "profile_lm_eval_h100_c0c80d1": {
+    "profile_lm_eval_h100_1430bf6": {
         "suite": "profile-lm-eval",
-        "figure": "analysis (H100, py-spy and torch.profiler): scoring passes' kernels 1.46 s "
-        "(HellaSwag) and 0.94 s (MMLU) of 2.3 and 1.3 s unprofiled; the model's load mostly "
-        "transformers' imports; lm-eval's task loading 3.5 s with cached requests",
+        "figure": "analysis (H100, py-spy and torch.profiler): scoring passes' kernels 1.36 s "
+        "(HellaSwag) and 0.90 s (MMLU); a second model's load 4.2 s, mostly transformers' "
+        "imports, and the fast-path probe on the CPU 0.65 s; lm-eval's task loading 1.0 s",
     },
     "profile_main_job_h200_1686201": {
         "suite": "profile-main-job",
