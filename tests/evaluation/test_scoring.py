@@ -103,7 +103,8 @@ def test_a_batch_out_of_device_memory_says_which_sizes_to_lower(model, examples)
 
 
 def test_a_pass_makes_its_batches_once(model, examples, monkeypatch) -> None:
-    # The GPU waits for the batches before its first forward (0.2 s for 32,000 HellaSwag queries).
+    # The GPU waits for the batches before its first forward (0.1-0.2 s for 32,000 HellaSwag
+    # queries on the CPU).
     from tango_fairscale.evaluation import scoring
 
     made = []
