@@ -60,6 +60,11 @@ class FairScaleStrategy(ShardedStrategy):
             compile=self.sharding.compile,
         )
 
+    def checkpointed_modules(self, model: ModelWrapper) -> list[str]:
+        units, checkpointed = selected_units(model, self.sharding)
+        check_checkpointed_units(units, checkpointed)
+        return checkpointed
+
     def _fsdp(self, module: torch.nn.Module) -> FSDP:
         precision, device = self.placement.precision, self.placement.device
         offload = self.sharding.cpu_offload

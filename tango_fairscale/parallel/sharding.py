@@ -214,6 +214,16 @@ def replace_module(root: torch.nn.Module, name: str, new: torch.nn.Module) -> No
     setattr(root.get_submodule(parent_name), child, new)
 
 
+def apply_checkpointing(
+    model: torch.nn.Module,
+    checkpointed: Sequence[str],
+    checkpoint: Callable[[torch.nn.Module], torch.nn.Module],
+) -> None:
+    """Put ``checkpoint(module)`` in place of each module of ``model`` named in ``checkpointed``."""
+    for name in checkpointed:
+        replace_module(model, name, checkpoint(model.get_submodule(name)))
+
+
 def apply_sharding(
     model: torch.nn.Module,
     units: Sequence[str],
@@ -227,8 +237,7 @@ def apply_sharding(
     ``torch.compile`` (only the unit's own computation: the sharding hooks stay eager; each
     transformer block when the root is the only unit), then ``shard`` on each of ``units``
     (deepest first), then ``shard`` on the root."""
-    for name in checkpointed:
-        replace_module(model, name, checkpoint(model.get_submodule(name)))
+    apply_checkpointing(model, checkpointed, checkpoint)
     if compile and not units:
         for name in select_modules(model, default_unit_patterns(model), "compile"):
             model.get_submodule(name).compile()

@@ -22,7 +22,7 @@ from ..model.causal_lm import ModelWrapper
 from .checkpoint_format import CheckpointFormat
 from .precision import Precision
 from .rank_files import RankFiles
-from .sharding import ShardingConfig
+from .sharding import ShardingConfig, apply_checkpointing, selected_units
 
 
 @dataclass(frozen=True)
@@ -109,9 +109,22 @@ class Strategy(ABC):
 
 
 class OneDeviceStrategy(Strategy):
-    """The bare model on this process's device (Lightning's single-device strategy)."""
+    """The bare model on this process's device (Lightning's single-device strategy).
+
+    :param checkpointed: where activations are recomputed in the backward, the names of those
+        modules of the model (a function of it); each runs under torch's non-reentrant
+        checkpoint, which a CUDA graph can hold (:mod:`.graphs`)."""
+
+    def __init__(self, checkpointed: Callable[[ModelWrapper], list[str]] | None = None) -> None:
+        self.checkpointed = checkpointed
 
     def wrap(self, model: ModelWrapper) -> torch.nn.Module:
+        if self.checkpointed is not None:
+            from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+                checkpoint_wrapper,
+            )
+
+            apply_checkpointing(model, self.checkpointed(model), checkpoint_wrapper)
         return model.to(self.placement.device)
 
 
@@ -124,16 +137,24 @@ class ShardedStrategy(Strategy):
     def __init__(self, sharding: ShardingConfig) -> None:
         self.sharding = sharding
 
+    def checkpointed_modules(self, model: ModelWrapper) -> list[str]:
+        """The modules of ``model`` that ``sharding`` activation-checkpoints, refused (one line)
+        where this wrapper would refuse them."""
+        return selected_units(model, self.sharding)[1]
+
     def on_one_gpu(self) -> Strategy:
-        """On one GPU, with nothing the wrapper does besides sharding (no CPU offload, no
-        activation checkpointing, no compiled units; not fp16, whose sharded grad scaler the
-        GPU tests cover), the bare model: the same training, without the wrapper's host work."""
+        """On one GPU, with nothing the wrapper does besides sharding and activation
+        checkpointing (no CPU offload, no compiled units; not fp16, whose sharded grad scaler the
+        GPU tests cover), the bare model, its :meth:`checkpointed_modules` checkpointed: the same
+        training, without the wrapper's host work, and replayed from CUDA graphs
+        (:mod:`.graphs`)."""
         placement, sharding = self.placement, self.sharding
         alone = placement.job.world_size == 1 and placement.device.type == "cuda"
-        wraps = sharding.cpu_offload or sharding.activation_checkpointing or sharding.compile
+        wraps = sharding.cpu_offload or sharding.compile
         if not alone or wraps or placement.precision.needs_grad_scaler:
             return self
-        bare = OneDeviceStrategy()
+        checkpointing = bool(sharding.activation_checkpointing)
+        bare = OneDeviceStrategy(self.checkpointed_modules if checkpointing else None)
         bare.setup(placement)
         return bare
 

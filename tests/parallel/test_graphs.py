@@ -1,7 +1,8 @@
 """Graphed training steps (``parallel/graphs.py``): the static batch, loss and gradients equal
 the model's own on packed PIQA batches, and a step that cannot be captured runs eagerly (CPU); on
 a GPU the replayed steps follow the eager ones, the sharded engines train the bare model on one
-GPU unless their wrapper does more than shard."""
+GPU unless their wrapper does more than shard and checkpoint (checkpointed blocks replayed with
+their dropout)."""
 
 from __future__ import annotations
 
@@ -189,6 +190,42 @@ def test_a_sharded_engine_trains_the_bare_model_on_one_gpu(tiny_model_dir, tmp_p
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+@GPU
+def test_checkpointed_blocks_are_replayed_with_the_forwards_dropout(
+    packed_batches, tokenizer_dir, tmp_path
+) -> None:
+    """On one GPU, FairScale with activation checkpointing trains the bare model, its blocks under
+    torch's checkpoint, from CUDA graphs; with dropout on, the recomputation inside the graph
+    draws the forward's masks: its losses and weights are the plain replayed steps'."""
+    from conftest import save_tiny_gpt2
+
+    from tango_fairscale.parallel.strategy import OneDeviceStrategy
+
+    dropout = {"resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1}
+    model_dir = save_tiny_gpt2(tmp_path / "model", tokenizer_dir, **dropout)
+    sharding = {"activation_checkpointing": True}
+    checkpointed = build(
+        "tango_fairscale::fairscale",
+        model_dir,
+        tmp_path / "c",
+        precision="32-true",
+        sharding=sharding,
+    )
+    plain = build("tango_fairscale::ddp", model_dir, tmp_path / "p", precision="32-true")
+    assert isinstance(checkpointed.strategy, OneDeviceStrategy)
+    assert checkpointed.graphs is not None and plain.graphs is not None
+    found = []
+    for engine in (checkpointed, plain):
+        torch.cuda.manual_seed(0)
+        found.append(losses(engine, packed_batches, 10))
+    assert checkpointed.graphs.graphs  # captured, not left to the eager loop
+    assert max(abs(a - b) for a, b in zip(*found)) < 1e-5, found
+    for (name, ours), theirs in zip(
+        checkpointed.model.named_parameters(), plain.model.parameters(), strict=True
+    ):
+        torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5, msg=name)
 
 
 @GPU

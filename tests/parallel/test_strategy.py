@@ -1,7 +1,8 @@
 """The wrapping strategy's defaults (``parallel/strategy.py``), those of an engine whose rank holds
 the whole model, through the DDP strategy in one process: its state in and out, the full state
 on rank 0 only, clipping, gradient synchronisation skipped where the wrapper can, and
-:func:`unwrap` down to the model."""
+:func:`unwrap` down to the model; on one GPU a sharded strategy gives way to the bare model, its
+checkpointed modules under torch's checkpoint."""
 
 from __future__ import annotations
 
@@ -11,14 +12,23 @@ from pathlib import Path
 
 import pytest
 import torch
+from tango.common.exceptions import ConfigurationError
 from tango.integrations.torch import TrainConfig
 
+from tango_fairscale.data.batches import collate
+from tango_fairscale.data.queries import Query
 from tango_fairscale.model.causal_lm import ModelWrapper
 from tango_fairscale.parallel.ddp import DDPStrategy
+from tango_fairscale.parallel.fairscale import FairScaleStrategy
 from tango_fairscale.parallel.precision import resolve_precision
 from tango_fairscale.parallel.rank_files import RankFiles
 from tango_fairscale.parallel.sharding import ShardingConfig
-from tango_fairscale.parallel.strategy import Placement, ShardedStrategy, unwrap
+from tango_fairscale.parallel.strategy import (
+    OneDeviceStrategy,
+    Placement,
+    ShardedStrategy,
+    unwrap,
+)
 
 
 def strategy(work_dir: Path, worker_id: int = 0) -> DDPStrategy:
@@ -118,3 +128,50 @@ def test_the_optimizer_step_runs_once_and_sharded_strategies_keep_their_block(
 
     sharding = ShardingConfig()
     assert Sharded(sharding).sharded and Sharded(sharding).sharding is sharding
+
+
+def one_gpu_fairscale(work_dir: Path, sharding: ShardingConfig) -> FairScaleStrategy:
+    """The fairscale strategy set up for one process on a GPU (no CUDA call is made)."""
+    config = TrainConfig("test", work_dir, world_size=1, devices=[0])
+    cuda = torch.device("cuda", 0)
+    made = FairScaleStrategy(sharding)
+    made.setup(Placement(cuda, resolve_precision("32-true", cuda), config))
+    return made
+
+
+def test_one_gpu_trains_the_bare_model_its_checkpointed_blocks_named(
+    tmp_path: Path, model: ModelWrapper
+) -> None:
+    bare = one_gpu_fairscale(tmp_path, ShardingConfig(activation_checkpointing=True)).on_one_gpu()
+    assert isinstance(bare, OneDeviceStrategy) and bare.checkpointed is not None
+    assert bare.checkpointed(model) == [f"model.transformer.h.{i}" for i in range(2)]
+    plain = one_gpu_fairscale(tmp_path, ShardingConfig()).on_one_gpu()
+    assert isinstance(plain, OneDeviceStrategy) and plain.checkpointed is None
+    offloaded = ShardingConfig(activation_checkpointing=True, cpu_offload=True)
+    assert isinstance(one_gpu_fairscale(tmp_path, offloaded).on_one_gpu(), FairScaleStrategy)
+    # What FairScale refuses on two GPUs is refused on one.
+    inside = ShardingConfig(activation_checkpointing=["model\\.transformer\\.h\\.0\\.mlp"])
+    refusing = one_gpu_fairscale(tmp_path, inside).on_one_gpu()
+    assert isinstance(refusing, OneDeviceStrategy) and refusing.checkpointed is not None
+    with pytest.raises(ConfigurationError, match="checkpoints whole sharding units only"):
+        refusing.checkpointed(model)
+
+
+def test_the_bare_models_checkpointed_blocks_give_the_same_gradients(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """Checkpointed blocks recompute in the backward (CPU: bitwise); the state keeps its names."""
+    plain, checkpointed = ModelWrapper(str(tiny_model_dir)), ModelWrapper(str(tiny_model_dir))
+    names = [f"model.transformer.h.{i}" for i in range(2)]
+    made = OneDeviceStrategy(lambda _: names)
+    cpu = torch.device("cpu")
+    config = TrainConfig("test", tmp_path, world_size=1, devices=[-1])
+    made.setup(Placement(cpu, resolve_precision("32-true", cpu), config))
+    wrapped = made.wrap(checkpointed)
+    assert all(type(wrapped.get_submodule(name)).__name__ == "CheckpointWrapper" for name in names)
+    assert list(wrapped.state_dict()) == list(plain.state_dict())
+    queries = [Query(tuple(range(5 + i, 30 + 3 * i)), 4 + i) for i in range(3)]
+    for each in (plain, wrapped):
+        each(**collate(queries, plain.pad_token_id))["loss"].backward()
+    for (name, ours), theirs in zip(wrapped.named_parameters(), plain.parameters(), strict=True):
+        assert ours.grad is not None and torch.equal(ours.grad, theirs.grad), name
