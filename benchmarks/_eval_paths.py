@@ -102,7 +102,7 @@ def device_batches(model: Any, queries: list[Any], batch_size: int, device: Any)
     """Right-padded scoring batches, collated and moved to the device ahead of timing."""
     from tango_fairscale.data.batches import collate
     from tango_fairscale.data.schedules import scoring_batches
-    from tango_fairscale.model.causal_lm import move_batch
+    from tango_fairscale.runtime.devices import move_batch
 
     return [
         move_batch(collate([queries[i] for i in b], model.pad_token_id), device)

@@ -276,7 +276,7 @@ class EagerSteps:
         return {}
 
     def step(self, index: int, losses: Any) -> None:
-        from tango_fairscale.model.causal_lm import move_batch
+        from tango_fairscale.runtime.devices import move_batch
 
         batch = self.batches[index]
         if self.spec["path"] == "package":  # labels and query_ids stay on the host
@@ -568,7 +568,7 @@ def loss_check(args: argparse.Namespace, data: dict[str, Any], device: Any) -> d
     packed rows against the static loss on the flat and on the padded batch."""
     import torch
 
-    from tango_fairscale.model.causal_lm import move_batch
+    from tango_fairscale.runtime.devices import move_batch
 
     wrapper = build_model(args, False, device)
     wrapper.eval()

@@ -147,7 +147,7 @@ def probe_task(
     from tango_fairscale.data.batches import packed_batch
     from tango_fairscale.data.schedules import scoring_batches
     from tango_fairscale.evaluation.scoring import SCORING_WIDTH_MULTIPLE, score_queries
-    from tango_fairscale.model.causal_lm import move_batch
+    from tango_fairscale.runtime.devices import move_batch
 
     device = next(model.parameters()).device
     queries = task_queries(task, scale)

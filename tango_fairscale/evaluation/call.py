@@ -16,8 +16,9 @@ import torch
 import torch.distributed as dist
 
 from ..checks import integer, positive_int
-from ..model.causal_lm import ModelWrapper, move_batch
+from ..model.causal_lm import ModelWrapper
 from ..model.decoding import new_cache
+from ..runtime.devices import move_batch
 from ..runtime.process_group import alone
 from ..tasks.generation import DEFAULT_MAX_GEN_TOKS
 from . import DEFAULT_BATCH_SIZE, DEFAULT_MAX_BATCH_TOKENS

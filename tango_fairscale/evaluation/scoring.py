@@ -28,7 +28,7 @@ from tango.common.exceptions import ConfigurationError
 from ..data.batches import collate, packed_batch
 from ..data.queries import Query
 from ..data.schedules import scoring_batches
-from ..model.causal_lm import move_batch
+from ..runtime.devices import move_batch
 from ..runtime.process_group import rank_and_world_size
 from .call import EvalOptions
 

@@ -4,6 +4,9 @@ Tango's cache by how it was made and the fingerprint of its files (never by pick
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -14,8 +17,6 @@ from tango.integrations.torch import Model
 
 from .. import compat  # noqa: F401  (the fixes; transformers' before it is imported)
 from ..compat.transformers import unpacked_sequences
-from ..data.batches import collate, packed_batch
-from ..data.queries import Query
 from ..runtime.devices import to_device
 from .decoding import next_token_logits
 from .fingerprint import source_fingerprint
@@ -29,14 +30,17 @@ from .loading import (
 )
 from .logits import check_fast_path, logit_transform
 from .loss import loss_outputs, scored_row_nll
+from .packing import (
+    MASKED_ATTENTION,
+    attention_window,
+    packed_attention_mask,
+    packing_matches_padding,
+)
 
 # Only for annotations: transformers' model code (~1 s to import) is imported by .loading when a
 # model is loaded, not by every ``tango run``.
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
-
-#: Attention implementations that take the explicit (R, 1, T, T) masks of packed batches.
-MASKED_ATTENTION = ("sdpa", "eager")
 
 #: Part of every model's cache key: bump it when what a ModelWrapper made from the same arguments
 #: and files computes changes.
@@ -77,7 +81,8 @@ class ModelWrapper(Model, CustomDetHash):
 
     Loading refuses, in one line, a model whose own forward computes other log-likelihoods than
     the scorer (:func:`~.logits.check_fast_path`), a tokenizer that does not encode text and an
-    end-of-text id outside the tokenizer. The weights are fp32 whatever the checkpoint stores.
+    end-of-text id outside the tokenizer. The weights are fp32 whatever the checkpoint stores, on
+    the CPU (or the device of :func:`loading_onto`).
 
     Its Tango hash (a step's cache key) is :attr:`origin`: ``MODEL_VERSION``, the construction
     arguments and the fingerprints of the ``model`` and ``tokenizer`` sources
@@ -106,6 +111,8 @@ class ModelWrapper(Model, CustomDetHash):
         assert tokenizer_source is not None  # model_origin refuses neither
         self.model: PreTrainedModel = build_model(model, config, seed)
         fuse_tanh_gelu(self.model)
+        if (device := _LOAD_DEVICE.get()) is not None:  # the probes below run there
+            self.to(device)
         #: What the model's own forward does to its head's output (the fast loss does the same).
         self.logit_transform = logit_transform(self.model.config)
         vocab_size = int(self.model.config.get_text_config().vocab_size)
@@ -122,7 +129,7 @@ class ModelWrapper(Model, CustomDetHash):
         self._takes_packed_batches = (
             self.model.config._attn_implementation in MASKED_ATTENTION
             and (window is None or window >= self.max_length)
-            and packing_matches_padding(self)
+            and packing_matches_padding(self, self.pad_token_id)
         )
 
     def det_hash_object(self) -> Any:
@@ -210,6 +217,21 @@ class ModelWrapper(Model, CustomDetHash):
         self.tokenizer.save_pretrained(directory)
 
 
+#: Where models constructed inside :func:`loading_onto` are moved before their load probes.
+_LOAD_DEVICE: ContextVar[torch.device | None] = ContextVar("load_device", default=None)
+
+
+@contextlib.contextmanager
+def loading_onto(device: torch.device) -> Iterator[None]:
+    """:class:`ModelWrapper` constructed inside is moved to ``device`` before its load probes
+    (their forwards cost a GPU milliseconds, a 124M model's CPU ~1 s) and stays there."""
+    token = _LOAD_DEVICE.set(device)
+    try:
+        yield
+    finally:
+        _LOAD_DEVICE.reset(token)
+
+
 def model_origin(
     model: str | None = None,
     config: dict[str, Any] | None = None,
@@ -261,85 +283,3 @@ def packing_refusal(model: ModelWrapper) -> str:
             "does not (probed at load)"
         )
     return f"{problem}: set pack_sequences to null (packed where possible) or false"
-
-
-def attention_window(config: Any) -> int | None:
-    """The shortest window of past tokens a layer of the model attends (sliding-window or local
-    attention in some or all layers), or ``None`` when every layer sees every earlier token."""
-    config = config.get_text_config()
-    layer_types = getattr(config, "layer_types", None)
-    windows = []
-    if layer_types is not None:
-        if any(kind != "full_attention" for kind in layer_types):
-            windows += [getattr(config, "sliding_window", None)]
-            windows += [getattr(config, "attention_chunk_size", None)]
-    else:
-        windows += [getattr(config, "sliding_window", None)]
-    if "local" in (getattr(config, "attention_layers", None) or ()):  # GPT-Neo
-        windows += [getattr(config, "window_size", None)]
-    windows += [getattr(config, "attention_window_size", None)]  # RecurrentGemma
-    known = [int(w) for w in windows if isinstance(w, int) and not isinstance(w, bool)]
-    return min(known) if known else None
-
-
-#: The packing probe: a shared context with two continuations, and another query.
-_PROBE_QUERIES = (
-    Query((100, 101, 102, 103, 104, 105, 7, 8, 9), 3),
-    Query((100, 101, 102, 103, 104, 105, 11, 12), 2),
-    Query((5, 6, 7, 8), 2),
-)
-
-
-def packing_matches_padding(model: ModelWrapper) -> bool:
-    """Whether ``model`` scores the probe queries packed as it scores them right-padded (to 1e-4),
-    without error; in evaluation mode, on the model's device, without gradients (every module's
-    mode is restored after)."""
-    modes = [(module, module.training) for module in model.modules()]
-    model.eval()
-    try:
-        with torch.no_grad():
-            device = next(model.parameters()).device
-            padded = model(**move_batch(collate(_PROBE_QUERIES, model.pad_token_id), device))
-            packed = model(**move_batch(packed_batch(_PROBE_QUERIES, model.pad_token_id), device))
-    except (ValueError, RuntimeError, TypeError, IndexError):  # Bloom: "too many values to unpack"
-        return False
-    finally:
-        for module, training in modes:
-            module.training = training
-    return bool(
-        torch.allclose(
-            packed["loglikelihood"].double().cpu(),
-            padded["loglikelihood"].double().cpu(),
-            rtol=1e-4,
-            atol=1e-4,
-        )
-    )
-
-
-#: Batch entries :func:`move_batch` leaves on the CPU.
-HOST_INPUTS = ("labels", "query_ids")
-
-
-def move_batch(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    """``batch`` on ``device``, except ``HOST_INPUTS``: left on the CPU, where
-    :class:`ModelWrapper` picks the scored positions without waiting for the device (wrappers
-    that move every input, such as multi-process DDP, still work, at one wait per forward), and
-    what is not a tensor (a decoding cache)."""
-    return {
-        name: value
-        if name in HOST_INPUTS or not isinstance(value, torch.Tensor)
-        else to_device(value, device)
-        for name, value in batch.items()
-    }
-
-
-def packed_attention_mask(position_ids: torch.Tensor, query_ids: torch.Tensor) -> torch.Tensor:
-    """``(R, 1, T, T)``, true where a token of a packed row may attend another (see
-    :func:`~tango_fairscale.data.batches.packed_batch`): an earlier or the same token of its
-    segment (a segment starts where the position is 0), shared (query -1) or of its own query."""
-    segment = (position_ids == 0).cumsum(dim=1)
-    same_segment = segment[:, :, None] == segment[:, None, :]
-    visible = (query_ids[:, None, :] == -1) | (query_ids[:, :, None] == query_ids[:, None, :])
-    width = position_ids.shape[1]
-    causal = torch.ones(width, width, dtype=torch.bool, device=position_ids.device).tril()
-    return (same_segment & visible & causal)[:, None]

@@ -24,8 +24,9 @@ from tango.integrations.torch import LRScheduler, Model, Optimizer, TrainConfig,
 
 from .. import compat  # noqa: F401  (Tango fixes)
 from ..checks import one_of, positive_number
-from ..model.causal_lm import ModelWrapper, move_batch
+from ..model.causal_lm import ModelWrapper, loading_onto
 from ..records.checkpoints import Identity, run_id
+from ..runtime.devices import move_batch
 from ..runtime.process_group import join_process_group
 from . import consolidate
 from .graphs import GraphedSteps
@@ -115,7 +116,9 @@ class Engine(TrainingEngine):
 
     def _construct_model(self, model: Model | Lazy[Model]) -> Model:
         if isinstance(model, Lazy):
-            model = model.construct()
+            device = self.strategy.build_device()
+            with loading_onto(device) if device is not None else contextlib.nullcontext():
+                model = model.construct()
         if not isinstance(model, ModelWrapper):
             raise ConfigurationError(
                 f"the engine needs a 'tango_fairscale::causal_lm' model, got {type(model).__name__}"

@@ -1,6 +1,8 @@
-"""Which device each training process of a job uses, and how a host tensor gets to it."""
+"""Which device each training process of a job uses, and how a host tensor or batch gets to it."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from tango.common.exceptions import ConfigurationError
@@ -59,3 +61,20 @@ def pinned_for(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     if device.type == "cuda" and tensor.device.type == "cpu" and not tensor.is_pinned():
         return tensor.pin_memory()
     return tensor
+
+
+#: Batch entries :func:`move_batch` leaves on the CPU.
+HOST_INPUTS = ("labels", "query_ids")
+
+
+def move_batch(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """``batch`` on ``device``, except ``HOST_INPUTS``: left on the CPU, where the model
+    (:class:`~tango_fairscale.model.causal_lm.ModelWrapper`) picks the scored positions without
+    waiting for the device (wrappers that move every input, such as multi-process DDP, still
+    work, at one wait per forward), and what is not a tensor (a decoding cache)."""
+    return {
+        name: value
+        if name in HOST_INPUTS or not isinstance(value, torch.Tensor)
+        else to_device(value, device)
+        for name, value in batch.items()
+    }

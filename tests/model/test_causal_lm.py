@@ -190,7 +190,7 @@ def test_packed_batches_on_a_gpu_score_and_train_as_padded_rows(
     from conftest import choice_queries
 
     from tango_fairscale.data.batches import collate, packed_batch
-    from tango_fairscale.model.causal_lm import move_batch
+    from tango_fairscale.runtime.devices import move_batch
 
     device = torch.device("cuda")
     wrapper = ModelWrapper(str(tiny_model_dir)).to(device)
@@ -210,29 +210,6 @@ def test_packed_batches_on_a_gpu_score_and_train_as_padded_rows(
     torch.testing.assert_close(packed_loss, padded_loss, **tolerance)
     for packed_grad, padded_grad in zip(packed_grads, padded_grads):
         torch.testing.assert_close(packed_grad, padded_grad, rtol=5e-2, atol=5e-3)
-
-
-def test_packed_attention_mask_keeps_queries_apart() -> None:
-    from tango_fairscale.data.batches import packed_batch
-    from tango_fairscale.data.queries import Query
-    from tango_fairscale.model.causal_lm import packed_attention_mask
-
-    # Queries 0 and 1 share the context (1, 2) but its last token; query 2 is alone; 6 inputs
-    # padded to 8.
-    queries = [Query((1, 2, 3, 4), 1), Query((1, 2, 3, 5, 6), 2), Query((8, 9), 1)]
-    batch = packed_batch(queries, 0, width_multiple=4)
-    assert batch["query_ids"].tolist() == [[-1, -1, 0, 1, 1, 2, -1, -1]]
-    mask = packed_attention_mask(batch["position_ids"], batch["query_ids"])[0, 0].int()
-    assert mask.tolist() == [
-        [1, 0, 0, 0, 0, 0, 0, 0],
-        [1, 1, 0, 0, 0, 0, 0, 0],
-        [1, 1, 1, 0, 0, 0, 0, 0],
-        [1, 1, 0, 1, 0, 0, 0, 0],  # query 1 sees the shared context, not query 0
-        [1, 1, 0, 1, 1, 0, 0, 0],
-        [0, 0, 0, 0, 0, 1, 0, 0],  # a new segment
-        [0, 0, 0, 0, 0, 0, 1, 0],  # padding sees itself only
-        [0, 0, 0, 0, 0, 0, 0, 1],
-    ]
 
 
 def test_packing_needs_an_attention_that_takes_masks(tiny_model_dir: Path) -> None:
