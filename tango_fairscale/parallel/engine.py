@@ -206,7 +206,8 @@ class Engine(TrainingEngine):
             )
 
     def backward(self, loss: torch.Tensor) -> None:
-        self.loss_scaling.backward(loss)
+        with self.precision.backward_context(self.device):
+            self.loss_scaling.backward(loss)
         self._no_sync.close()
 
     def clip_grad_norm(self) -> torch.Tensor | None:

@@ -58,9 +58,16 @@ class Precision:
         autocast = torch.autocast(
             device.type, dtype=self.compute_dtype, enabled=self.mixed, cache_enabled=cache_weights
         )
-        kernels = sdpa_kernel(GPU_ATTENTION) if device.type == "cuda" else contextlib.nullcontext()
-        with autocast, kernels:
+        with autocast, self.backward_context(device):
             yield
+
+    def backward_context(self, device: torch.device) -> contextlib.AbstractContextManager:
+        """Where backwards run: on a GPU the attention kernels of :data:`GPU_ATTENTION`, as for
+        forwards, so that activation checkpointing recomputes a forward with the kernels that
+        ran it (torch's checkpoint refuses a recomputation that saves other tensors: cuDNN's
+        attention, allowed outside, saved a (1, 1, T, T) mask where the efficient kernel had
+        saved a (1, H, T, T) one, bf16 on an H100)."""
+        return sdpa_kernel(GPU_ATTENTION) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def resolve_precision(name: str, device: torch.device) -> Precision:

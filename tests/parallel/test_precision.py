@@ -100,6 +100,19 @@ def test_convert_module_and_forward_context_follow_the_precision() -> None:
     assert pure.convert_module(layer).weight.dtype == torch.bfloat16
 
 
+def test_backwards_on_a_gpu_take_the_forwards_attention_kernels() -> None:
+    """A checkpointed module's forward is recomputed in the backward: with the same kernels, or
+    torch's checkpoint refuses what it saves (only the backend flags are read: no GPU needed)."""
+    gpu, enabled = torch.device("cuda"), torch.backends.cuda.cudnn_sdp_enabled()
+    precision = resolve_precision("32-true", gpu)
+    with precision.backward_context(gpu):
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.mem_efficient_sdp_enabled()
+    assert torch.backends.cuda.cudnn_sdp_enabled() == enabled
+    with precision.backward_context(CPU):
+        assert torch.backends.cuda.cudnn_sdp_enabled() == enabled
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the attention kernels of a GPU")
 def test_forwards_on_a_gpu_leave_cudnn_attention_out() -> None:
     """cuDNN's attention builds a plan for every new shape (up to a second each); packed batches
