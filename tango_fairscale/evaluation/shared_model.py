@@ -25,7 +25,7 @@ from tango.common.from_params import _params_contain_step, create_kwargs
 from tango.common.logging import cli_logger
 from tango.integrations.torch import Model
 
-from ..model.causal_lm import ModelWrapper, loading_onto, model_origin
+from ..model.causal_lm import ModelWrapper, model_origin
 
 #: Loaded models by (Tango hash, device, dtype), alive while a :class:`ModelSource` holds them.
 _LOADED: weakref.WeakValueDictionary[tuple[str, str, str], ModelWrapper] = (
@@ -86,8 +86,7 @@ class ModelSource(CustomDetHash):
         model = self._held.get(key) or _LOADED.get(key)
         if model is None:
             start = time.perf_counter()
-            with loading_onto(device):  # probed on the device
-                model = ModelWrapper(**self.kwargs).to(dtype=dtype).eval()
+            model = ModelWrapper(**self.kwargs).to(device=device, dtype=dtype).eval()
             _LOADED[key] = model
             cli_logger.info(  # on the console: one line a command
                 "loaded %s on %s (%s) in %.1f s, shared by this command's evaluation steps",

@@ -4,9 +4,6 @@ Tango's cache by how it was made and the fingerprint of its files (never by pick
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -81,8 +78,7 @@ class ModelWrapper(Model, CustomDetHash):
 
     Loading refuses, in one line, a model whose own forward computes other log-likelihoods than
     the scorer (:func:`~.logits.check_fast_path`), a tokenizer that does not encode text and an
-    end-of-text id outside the tokenizer. The weights are fp32 whatever the checkpoint stores, on
-    the CPU (or the device of :func:`loading_onto`).
+    end-of-text id outside the tokenizer. The weights are fp32 whatever the checkpoint stores.
 
     Its Tango hash (a step's cache key) is :attr:`origin`: ``MODEL_VERSION``, the construction
     arguments and the fingerprints of the ``model`` and ``tokenizer`` sources
@@ -111,8 +107,6 @@ class ModelWrapper(Model, CustomDetHash):
         assert tokenizer_source is not None  # model_origin refuses neither
         self.model: PreTrainedModel = build_model(model, config, seed)
         fuse_tanh_gelu(self.model)
-        if (device := _LOAD_DEVICE.get()) is not None:  # the probes below run there
-            self.to(device)
         #: What the model's own forward does to its head's output (the fast loss does the same).
         self.logit_transform = logit_transform(self.model.config)
         vocab_size = int(self.model.config.get_text_config().vocab_size)
@@ -215,21 +209,6 @@ class ModelWrapper(Model, CustomDetHash):
         """Write weights (safetensors), config and tokenizer in Hugging Face's layout."""
         self.model.save_pretrained(directory)
         self.tokenizer.save_pretrained(directory)
-
-
-#: Where models constructed inside :func:`loading_onto` are moved before their load probes.
-_LOAD_DEVICE: ContextVar[torch.device | None] = ContextVar("load_device", default=None)
-
-
-@contextlib.contextmanager
-def loading_onto(device: torch.device) -> Iterator[None]:
-    """:class:`ModelWrapper` constructed inside is moved to ``device`` before its load probes
-    (their forwards cost a GPU milliseconds, a 124M model's CPU ~1 s) and stays there."""
-    token = _LOAD_DEVICE.set(device)
-    try:
-        yield
-    finally:
-        _LOAD_DEVICE.reset(token)
 
 
 def model_origin(

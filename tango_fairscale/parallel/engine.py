@@ -24,7 +24,7 @@ from tango.integrations.torch import LRScheduler, Model, Optimizer, TrainConfig,
 
 from .. import compat  # noqa: F401  (Tango fixes)
 from ..checks import one_of, positive_number
-from ..model.causal_lm import ModelWrapper, loading_onto
+from ..model.causal_lm import ModelWrapper
 from ..records.checkpoints import Identity, run_id
 from ..runtime.devices import move_batch
 from ..runtime.process_group import join_process_group
@@ -116,9 +116,7 @@ class Engine(TrainingEngine):
 
     def _construct_model(self, model: Model | Lazy[Model]) -> Model:
         if isinstance(model, Lazy):
-            device = self.strategy.build_device()
-            with loading_onto(device) if device is not None else contextlib.nullcontext():
-                model = model.construct()
+            model = model.construct()
         if not isinstance(model, ModelWrapper):
             raise ConfigurationError(
                 f"the engine needs a 'tango_fairscale::causal_lm' model, got {type(model).__name__}"

@@ -60,9 +60,6 @@ class FairScaleStrategy(ShardedStrategy):
             compile=self.sharding.compile,
         )
 
-    def build_device(self) -> torch.device | None:
-        return None  # each unit goes to the device when it is sharded: the model never is whole
-
     def checkpointed_modules(self, model: ModelWrapper) -> list[str]:
         units, checkpointed = selected_units(model, self.sharding)
         check_checkpointed_units(units, checkpointed)

@@ -43,9 +43,6 @@ class FSDP2Strategy(ShardedStrategy):
     """torch FSDP2: ``fully_shard`` on each selected unit and the root, parameters as DTensors;
     checkpoints through ``torch.distributed.checkpoint`` (:class:`DistributedCheckpoint`)."""
 
-    def build_device(self) -> torch.device | None:
-        return None if self.sharding.cpu_offload else self.placement.device
-
     def wrap(self, model: ModelWrapper) -> torch.nn.Module:
         from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 

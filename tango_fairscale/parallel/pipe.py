@@ -149,9 +149,6 @@ class PipeStrategy(Strategy):
         self.tied: TiedWeight | None = None
         self.stage_devices: list[torch.device] = []  # once wrapped: one per stage
 
-    def build_device(self) -> torch.device | None:
-        return None  # its stages go to their own devices
-
     def wrap(self, model: ModelWrapper) -> torch.nn.Module:
         layers = num_layers(model.model)  # refuses models it cannot split
         if self.balance is None:

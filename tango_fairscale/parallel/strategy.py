@@ -54,11 +54,6 @@ class Strategy(ABC):
         wrapper's hooks cost host time every step)."""
         return self
 
-    def build_device(self) -> torch.device | None:
-        """Where the model is built before :meth:`wrap` (its load probes run there): this
-        process's device, where the wrapper puts the whole model anyway; ``None``: the CPU."""
-        return self.placement.device
-
     @abstractmethod
     def wrap(self, model: ModelWrapper) -> torch.nn.Module:
         """``model`` (converted to the precision's dtype) on the device, wrapped."""

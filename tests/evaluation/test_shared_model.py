@@ -10,7 +10,6 @@ import gc
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -128,37 +127,6 @@ def test_a_source_loads_once_per_device_and_dtype(tiny_model_dir: Path, loads: l
     assert len(loads) == 2 and bf16 is not fp32
     assert {p.dtype for p in bf16.parameters()} == {torch.bfloat16}
     assert {p.dtype for p in fp32.parameters()} == {torch.float32}  # untouched by the cast
-
-
-def test_a_source_probes_its_model_on_the_device_it_loads_it_onto(
-    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The load probes' forwards run where the model will score (the meta device stands in for
-    a GPU: only the probes' devices are recorded there), and only inside the load."""
-    probed: list[str] = []
-
-    def record(model: torch.nn.Module, *_: Any) -> bool:
-        probed.append(str(next(model.parameters()).device))
-        return True
-
-    monkeypatch.setattr(causal_lm, "check_fast_path", record)
-    monkeypatch.setattr(causal_lm, "packing_matches_padding", record)
-    lazy = Lazy(Model, Params({"type": "tango_fairscale::causal_lm", "model": str(tiny_model_dir)}))
-    source = ModelSource.of(lazy)
-    assert source is not None
-    loaded = source.load(torch.device("meta"), torch.float32)
-    assert probed == ["meta", "meta"] and next(loaded.parameters()).is_meta
-    ModelWrapper(str(tiny_model_dir))
-    assert probed[2:] == ["cpu", "cpu"]
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the probes on a GPU")
-def test_a_source_loaded_onto_a_gpu_is_probed_there(tiny_model_dir: Path) -> None:
-    lazy = Lazy(Model, Params({"type": "tango_fairscale::causal_lm", "model": str(tiny_model_dir)}))
-    source = ModelSource.of(lazy)
-    assert source is not None
-    loaded = source.load(torch.device("cuda"), torch.float32)
-    assert loaded.supports_packing and next(loaded.parameters()).is_cuda
 
 
 def test_a_cast_copy_scores_as_the_cast_model_and_leaves_it_as_it_was(

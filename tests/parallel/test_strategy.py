@@ -175,19 +175,3 @@ def test_the_bare_models_checkpointed_blocks_give_the_same_gradients(
         each(**collate(queries, plain.pad_token_id))["loss"].backward()
     for (name, ours), theirs in zip(wrapped.named_parameters(), plain.parameters(), strict=True):
         assert ours.grad is not None and torch.equal(ours.grad, theirs.grad), name
-
-
-def test_the_model_is_built_where_the_wrapper_puts_it_whole(tmp_path: Path) -> None:
-    """On the device (its load probes run there), unless units go there one at a time (FairScale),
-    stages to several devices (pipe) or the parameters stay on the CPU (offload)."""
-    from tango_fairscale.parallel.fsdp2 import FSDP2Strategy
-
-    assert strategy(tmp_path).build_device() == torch.device("cpu")
-    sharded = one_gpu_fairscale(tmp_path, ShardingConfig(cpu_offload=True))
-    assert sharded.on_one_gpu() is sharded and sharded.build_device() is None
-    bare = one_gpu_fairscale(tmp_path, ShardingConfig()).on_one_gpu()
-    assert bare.build_device() == torch.device("cuda", 0)
-    for offload, expected in ((False, torch.device("cuda", 0)), (True, None)):
-        fsdp2 = FSDP2Strategy(ShardingConfig(cpu_offload=offload))
-        fsdp2.placement = sharded.placement
-        assert fsdp2.build_device() == expected
