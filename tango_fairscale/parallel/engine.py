@@ -204,7 +204,7 @@ class Engine(TrainingEngine):
             )
 
     def backward(self, loss: torch.Tensor) -> None:
-        with self.precision.backward_context(self.device):
+        with self.precision.attention_kernels(self.device):
             self.loss_scaling.backward(loss)
         self._no_sync.close()
 

@@ -49,8 +49,7 @@ class FairScaleStrategy(ShardedStrategy):
         for parameter in model.parameters():
             if not parameter.untyped_storage().resizable():
                 parameter.data = parameter.data.clone()
-        units, checkpointed = selected_units(model, self.sharding)
-        check_checkpointed_units(units, checkpointed)
+        units, checkpointed = self._checked_units(model)
         return apply_sharding(
             model,
             units,
@@ -61,9 +60,13 @@ class FairScaleStrategy(ShardedStrategy):
         )
 
     def checkpointed_modules(self, model: ModelWrapper) -> list[str]:
+        return self._checked_units(model)[1]
+
+    def _checked_units(self, model: ModelWrapper) -> tuple[list[str], list[str]]:
+        """``(units, checkpointed)`` (:func:`selected_units`), checkpointing whole units only."""
         units, checkpointed = selected_units(model, self.sharding)
         check_checkpointed_units(units, checkpointed)
-        return checkpointed
+        return units, checkpointed
 
     def _fsdp(self, module: torch.nn.Module) -> FSDP:
         precision, device = self.placement.precision, self.placement.device

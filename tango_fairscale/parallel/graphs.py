@@ -128,7 +128,7 @@ class GraphedSteps:
         """Forward and backward, the gradients accumulated into (a graph zeroes none)."""
         with self.precision.forward_context(self.device, cache_weights=False):
             loss = static_loss(self.model, inputs)
-        with self.precision.backward_context(self.device):
+        with self.precision.attention_kernels(self.device):
             loss.backward()
         self.loss.copy_(loss.detach())
 

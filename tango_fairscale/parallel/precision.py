@@ -51,22 +51,22 @@ class Precision:
 
     @contextlib.contextmanager
     def forward_context(self, device: torch.device, cache_weights: bool = True) -> Iterator[None]:
-        """Where forwards run: autocast to :attr:`compute_dtype` under the ``-mixed`` ones, and on
-        a GPU the attention kernels of :data:`GPU_ATTENTION`; ``cache_weights=False`` for a pass
-        captured in a CUDA graph, which must cast the weights it is replayed with (autocast's
-        cache would keep the capture's casts)."""
+        """Where forwards run: autocast to :attr:`compute_dtype` under the ``-mixed`` ones, and
+        :meth:`attention_kernels`; ``cache_weights=False`` for a pass captured in a CUDA graph,
+        which must cast the weights it is replayed with (autocast's cache would keep the
+        capture's casts)."""
         autocast = torch.autocast(
             device.type, dtype=self.compute_dtype, enabled=self.mixed, cache_enabled=cache_weights
         )
-        with autocast, self.backward_context(device):
+        with autocast, self.attention_kernels(device):
             yield
 
-    def backward_context(self, device: torch.device) -> contextlib.AbstractContextManager:
-        """Where backwards run: on a GPU the attention kernels of :data:`GPU_ATTENTION`, as for
-        forwards, so that activation checkpointing recomputes a forward with the kernels that
-        ran it (torch's checkpoint refuses a recomputation that saves other tensors: cuDNN's
-        attention, allowed outside, saved a (1, 1, T, T) mask where the efficient kernel had
-        saved a (1, H, T, T) one, bf16 on an H100)."""
+    def attention_kernels(self, device: torch.device) -> contextlib.AbstractContextManager:
+        """Where forwards and backwards run: on a GPU, the attention kernels of
+        :data:`GPU_ATTENTION`. Backwards too, so that activation checkpointing recomputes a
+        forward with the kernels that ran it (torch's checkpoint refuses a recomputation that
+        saves other tensors: cuDNN's attention, allowed outside, saved a (1, 1, T, T) mask where
+        the efficient kernel had saved a (1, H, T, T) one, bf16 on an H100)."""
         return sdpa_kernel(GPU_ATTENTION) if device.type == "cuda" else contextlib.nullcontext()
 
 

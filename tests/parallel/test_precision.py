@@ -105,11 +105,11 @@ def test_backwards_on_a_gpu_take_the_forwards_attention_kernels() -> None:
     torch's checkpoint refuses what it saves (only the backend flags are read: no GPU needed)."""
     gpu, enabled = torch.device("cuda"), torch.backends.cuda.cudnn_sdp_enabled()
     precision = resolve_precision("32-true", gpu)
-    with precision.backward_context(gpu):
+    with precision.attention_kernels(gpu):
         assert not torch.backends.cuda.cudnn_sdp_enabled()
         assert torch.backends.cuda.mem_efficient_sdp_enabled()
     assert torch.backends.cuda.cudnn_sdp_enabled() == enabled
-    with precision.backward_context(CPU):
+    with precision.attention_kernels(CPU):
         assert torch.backends.cuda.cudnn_sdp_enabled() == enabled
 
 
