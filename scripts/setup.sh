@@ -6,7 +6,10 @@ python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 # torch first, pinned, so that nothing pulls a newer (multi-GB CUDA) build.
 .venv/bin/python -m pip install -q --no-compile -c constraints.txt torch
-.venv/bin/python -m pip install -q --no-compile -c constraints.txt -e '.[dev]'
+# The rest through uv (pinned like everything else): the same resolved set as pip's, installed
+# in ~8 s where pip takes ~30 s on two cores. It finds torch installed and leaves it.
+.venv/bin/python -m pip install -q -c constraints.txt uv
+.venv/bin/uv pip install -q --python .venv/bin/python -c constraints.txt -e '.[dev]'
 # Bytecode for everything installed but the libraries' own test folders, this package included
 # (installed editable), on every core (pip compiles every file, one at a time: about 20 s more on
 # two cores). -qq and no status check: a few third-party files are written for newer Pythons and
