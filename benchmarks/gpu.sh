@@ -16,7 +16,8 @@
 # not figures), BENCH_TINY=1 (CPU smoke test: --tiny sizes, GPU counts not checked),
 # BENCH_SKIP_INSTALL=1, PYTHON, LM_EVAL_SUITES (the lm-eval suite's own suites, in this order:
 # piqa,synthetic measures the PIQA command first; default synthetic,piqa), LM_EVAL_TOOLS (its
-# tools: package,lm-eval by default; package alone has no peer in the call).
+# tools: package,lm-eval by default; package alone has no peer in the call), SCORING_PROBE_SIZES
+# (the scoring probe's batch sizes, QUERIESxTOKENS,...; default the step's and 256x16384).
 #
 # Suites (name | GPUs | nominal seconds | the figure it produces); `gpu.sh --list` and
 # benchmarks/index.py read these lines:
@@ -274,7 +275,7 @@ suite_attention_probe() {  # attention_probe.json: first and second calls per ke
 suite_scoring_probe() {  # scoring_probe.json: host and GPU seconds of each pass
   [ ${#TINY[@]} -gt 0 ] && { echo "(scoring-probe needs a GPU)"; return 0; }
   step "$BUDGET" "$PY" benchmarks/scoring_probe.py --tokenizer "$TOKENIZER_DIR" \
-    --out "$DIR/scoring_probe.json"
+    ${SCORING_PROBE_SIZES:+--sizes "$SCORING_PROBE_SIZES"} --out "$DIR/scoring_probe.json"
 }
 
 suite_multinode() {  # multinode.json: the largest weight difference of each launch to one node
