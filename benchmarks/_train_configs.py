@@ -7,8 +7,7 @@
 * MODIFIERS (sharded engines): ``root`` (no per-block units), ``ckpt`` (activation checkpointing
   of every unit), ``offload`` (CPU offload), ``noflat``, ``noreshard``; also for ddp:
   ``compile`` (torch.compile per block), ``fused`` (fused AdamW), ``packed`` (PIQA data: the
-  training step's ``pack_sequences``), ``cudnn`` (cuDNN's attention kernel first, which the
-  package's forwards leave out: a probe of fixed-shape batches, not a package setting).
+  training step's ``pack_sequences``).
 * MODIFIERS (pipe): ``cN`` (N chunks = micro-batches, default 4), ``ckpt-always`` /
   ``ckpt-never`` / ``ckpt-except_last`` (default), ``bA_B`` (A and B blocks per stage; default
   automatic by parameter count).
@@ -28,9 +27,9 @@ import _bench
 ROOT_ONLY_PATTERNS: list[str] = []
 
 ENGINES = ("ddp", "fairscale", "fsdp2", "pipe")
+MODIFIERS = ("root", "ckpt", "offload", "noflat", "noreshard", "compile", "fused", "packed")
 #: Modifiers that are not sharding options (the DDP engine takes them too).
-ENGINE_MODIFIERS = ("compile", "fused", "packed", "cudnn")
-MODIFIERS = ("root", "ckpt", "offload", "noflat", "noreshard", *ENGINE_MODIFIERS)
+ENGINE_MODIFIERS = ("compile", "fused", "packed")
 PIPE_CHECKPOINT_MODES = ("never", "always", "except_last")
 PIPE_DEFAULT_CHUNKS = 4
 LIGHTNING_PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true")

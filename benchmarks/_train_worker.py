@@ -165,8 +165,6 @@ def build_engine(spec: dict[str, Any], config: Any, device: Any) -> tuple[Any, b
     model_params = {"config": spec["model_config"], "tokenizer": spec["tokenizer"], "seed": 0}
     lazy_model = Lazy(ModelWrapper, Params(model_params))
     modifiers = spec.get("modifiers") or []
-    if "cudnn" in modifiers:
-        prefer_cudnn_attention()
     init_on_device = spec["cuda"] and spec["init_device"] == "cuda" and "offload" not in modifiers
     model: Any = lazy_model
     if init_on_device:  # the same model; an engine takes a constructed Model as well as a Lazy
@@ -174,20 +172,6 @@ def build_engine(spec: dict[str, Any], config: Any, device: Any) -> tuple[Any, b
             model = lazy_model.construct()
     engine = Lazy(TrainingEngine, Params(_train_configs.engine_params(spec)))
     return engine.construct(train_config=config, model=model), init_on_device
-
-
-def prefer_cudnn_attention() -> None:
-    """Every forward and backward of this process tries cuDNN's attention kernel first."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    from tango_fairscale.parallel import precision
-
-    kernels = [SDPBackend.CUDNN_ATTENTION, *precision.GPU_ATTENTION]
-
-    def attention_kernels(self: Any, device: Any) -> Any:
-        return sdpa_kernel(kernels, set_priority=True)
-
-    precision.Precision.attention_kernels = attention_kernels  # type: ignore[method-assign]
 
 
 def piqa_batches(engine: Any, spec: dict[str, Any], rank: int) -> Callable[[int], Batch]:
