@@ -26,6 +26,7 @@ from tango.common.logging import cli_logger
 from tango.integrations.torch import Model
 
 from ..model.causal_lm import ModelWrapper, model_origin
+from ..model.loading import probed_on
 
 #: Loaded models by (Tango hash, device, dtype), alive while a :class:`ModelSource` holds them.
 _LOADED: weakref.WeakValueDictionary[tuple[str, str, str], ModelWrapper] = (
@@ -86,7 +87,11 @@ class ModelSource(CustomDetHash):
         model = self._held.get(key) or _LOADED.get(key)
         if model is None:
             start = time.perf_counter()
-            model = ModelWrapper(**self.kwargs).to(device=device, dtype=dtype).eval()
+            # Probed on the device where the fp32 model goes whole anyway: not in a smaller dtype,
+            # whose cast on the way keeps the device's peak at the smaller size.
+            with probed_on(device if dtype == torch.float32 else None):
+                model = ModelWrapper(**self.kwargs)
+            model = model.to(device=device, dtype=dtype).eval()
             _LOADED[key] = model
             cli_logger.info(  # on the console: one line a command
                 "loaded %s on %s (%s) in %.1f s, shared by this command's evaluation steps",

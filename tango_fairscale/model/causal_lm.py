@@ -23,6 +23,7 @@ from .loading import (
     context_length,
     fuse_tanh_gelu,
     load_tokenizer,
+    probe_device,
     set_padding_token,
 )
 from .logits import check_fast_path, logit_transform
@@ -78,7 +79,9 @@ class ModelWrapper(Model, CustomDetHash):
 
     Loading refuses, in one line, a model whose own forward computes other log-likelihoods than
     the scorer (:func:`~.logits.check_fast_path`), a tokenizer that does not encode text and an
-    end-of-text id outside the tokenizer. The weights are fp32 whatever the checkpoint stores.
+    end-of-text id outside the tokenizer. The weights are fp32 whatever the checkpoint stores,
+    built on the CPU; inside :func:`~.loading.probed_on` they move to its device before the load
+    probes (the fast path's and packing's) run.
 
     Its Tango hash (a step's cache key) is :attr:`origin`: ``MODEL_VERSION``, the construction
     arguments and the fingerprints of the ``model`` and ``tokenizer`` sources
@@ -107,6 +110,9 @@ class ModelWrapper(Model, CustomDetHash):
         assert tokenizer_source is not None  # model_origin refuses neither
         self.model: PreTrainedModel = build_model(model, config, seed)
         fuse_tanh_gelu(self.model)
+        device = probe_device()  # the load probes run there (.loading.probed_on)
+        if device is not None:
+            self.to(device)  # the wrapper holds only the model yet
         #: What the model's own forward does to its head's output (the fast loss does the same).
         self.logit_transform = logit_transform(self.model.config)
         vocab_size = int(self.model.config.get_text_config().vocab_size)

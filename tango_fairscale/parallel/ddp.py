@@ -17,6 +17,8 @@ class DDPStrategy(Strategy):
     """Torch ``DistributedDataParallel`` (a single process trains the bare model); ``compile``:
     ``torch.compile`` each transformer block first. Everything else is :class:`Strategy`'s."""
 
+    whole_model_on_device = True
+
     def __init__(self, compile: bool = False) -> None:
         self.compile = compile
 

@@ -40,6 +40,9 @@ class Strategy(ABC):
 
     #: Whether every rank holds different model/optimizer state (and so writes its own file).
     sharded: ClassVar[bool] = False
+    #: Whether :meth:`wrap` puts the whole model on this process's device (so the model may be
+    #: put there before it is wrapped).
+    whole_model_on_device: ClassVar[bool] = False
 
     placement: Placement
 
@@ -114,6 +117,8 @@ class OneDeviceStrategy(Strategy):
     :param checkpointed: where activations are recomputed in the backward, the names of those
         modules of the model (a function of it); each runs under torch's non-reentrant
         checkpoint, which a CUDA graph can hold (:mod:`.graphs`)."""
+
+    whole_model_on_device = True
 
     def __init__(self, checkpointed: Callable[[ModelWrapper], list[str]] | None = None) -> None:
         self.checkpointed = checkpointed

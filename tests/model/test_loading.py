@@ -80,3 +80,30 @@ def test_an_eos_token_outside_the_vocabulary_is_refused(tokenizer_dir) -> None:
     config = {**VERIFIED_FAMILIES["gpt2"], "eos_token_id": 60000, "bos_token_id": 60000}
     with pytest.raises(ConfigurationError, match="eos_token_id 60000 is outside the tokenizer"):
         ModelWrapper(config=config, tokenizer=str(tokenizer_dir))
+
+
+def test_a_model_built_inside_probed_on_is_probed_on_that_device(
+    tiny_model_dir, monkeypatch
+) -> None:
+    """Built as anywhere (the same weights), moved, then probed: the probes see the device."""
+    import tango_fairscale.model.causal_lm as causal_lm
+    from tango_fairscale.model.loading import probe_device, probed_on
+
+    seen: list[str] = []
+
+    def where(model, *args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(next(model.parameters()).device.type)
+        return True
+
+    # The meta device stands in for a GPU: the recording probes run nothing on it.
+    monkeypatch.setattr(causal_lm, "check_fast_path", where)
+    monkeypatch.setattr(causal_lm, "packing_matches_padding", where)
+    with probed_on(torch.device("meta")):
+        assert probe_device() == torch.device("meta")
+        moved = ModelWrapper(str(tiny_model_dir))
+    assert probe_device() is None and seen == ["meta", "meta"]
+    assert {p.device.type for p in moved.parameters()} == {"meta"}
+    seen.clear()
+    with probed_on(None):
+        ModelWrapper(str(tiny_model_dir))
+    assert seen == ["cpu", "cpu"]

@@ -261,3 +261,27 @@ def test_graphs_are_captured_while_another_thread_pins_host_memory(
         stop.set()
         pinning.join()
     assert engine.graphs is not None and engine.graphs.graphs  # captured
+
+
+@GPU
+def test_the_bare_models_load_probes_run_on_its_gpu(tiny_model_dir, tmp_path, monkeypatch) -> None:
+    import torch.distributed as dist
+
+    import tango_fairscale.model.causal_lm as causal_lm
+
+    probed: list[str] = []
+    check = causal_lm.check_fast_path
+
+    def recorded(model, *args):  # type: ignore[no-untyped-def]
+        probed.append(next(model.parameters()).device.type)
+        return check(model, *args)
+
+    monkeypatch.setattr(causal_lm, "check_fast_path", recorded)
+    try:
+        build("tango_fairscale::fairscale", tiny_model_dir, tmp_path / "a")
+        build("tango_fairscale::ddp", tiny_model_dir, tmp_path / "b", precision="bf16-true")
+        build("tango_fairscale::fairscale", tiny_model_dir, tmp_path / "c", device=-1)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    assert probed == ["cuda", "cpu", "cpu"]  # bf16-true: cast on the CPU first, as before
