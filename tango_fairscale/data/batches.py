@@ -175,7 +175,8 @@ def context_groups(queries: Sequence[Query]) -> list[list[int]]:
     """Indices of ``queries`` grouped by identical context tokens, in order of appearance."""
     groups: dict[tuple[int, ...], list[int]] = {}
     for index, query in enumerate(queries):
-        groups.setdefault(query.tokens[: len(query) - query.continuation_length], []).append(index)
+        tokens = query.tokens
+        groups.setdefault(tokens[: len(tokens) - query.continuation_length], []).append(index)
     return list(groups.values())
 
 
@@ -202,6 +203,13 @@ def segment_pieces(queries: Sequence[Query], members: Sequence[int]) -> list[_Pi
 def segment_length(pieces: Sequence[_Piece]) -> int:
     """Places a segment takes in a packed row."""
     return sum(piece.length for piece in pieces)
+
+
+def segment_size(queries: Sequence[Query], members: Sequence[int]) -> int:
+    """:func:`segment_length` of the group's :func:`segment_pieces`, without building them (a
+    scoring schedule sizes every group of a task before its first forward)."""
+    shared = _shared_length(queries, members)
+    return shared + sum(len(queries[index].tokens) - 1 - shared for index in members)
 
 
 def training_batch(

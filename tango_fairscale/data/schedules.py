@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .batches import context_groups, segment_length, segment_pieces
+from .batches import context_groups, segment_size
 from .queries import Query
 
 
@@ -32,7 +32,7 @@ def scoring_batches(
         for group in context_groups(queries)
         for start in range(0, len(group), batch_size)
     ]
-    sizes = [segment_length(segment_pieces(queries, group)) for group in groups]
+    sizes = [segment_size(queries, group) for group in groups]
     batches: list[list[int]] = []
     count = tokens = 0
     for index in sorted(range(len(groups)), key=lambda g: (-sizes[g], g)):

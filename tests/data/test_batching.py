@@ -17,7 +17,15 @@ import torch
 from conftest import choice_queries, training_queries
 from tango.common.exceptions import ConfigurationError
 
-from tango_fairscale.data.batches import IGNORE_INDEX, collate, packed_batch
+from tango_fairscale.data.batches import (
+    IGNORE_INDEX,
+    collate,
+    context_groups,
+    packed_batch,
+    segment_length,
+    segment_pieces,
+    segment_size,
+)
 from tango_fairscale.data.queries import Query, encode_pair
 from tango_fairscale.data.schedules import BatchSchedule, length_sorted_batches, scoring_batches
 
@@ -309,6 +317,15 @@ def test_packed_scoring_batches_keep_a_context_together() -> None:
     assert scoring_batches(queries, 1, packed=True) == [[1], [2], [0], [3]]
     # Unpacked: length_sorted_batches.
     assert scoring_batches(queries, 3) == length_sorted_batches(queries, 3)
+
+
+def test_a_segments_size_is_the_places_its_pieces_take(tokenizer: Any, piqa_small: Any) -> None:
+    queries = choice_queries(list(piqa_small["validation"])[:20], tokenizer, 1024)
+    queries += [Query((7, 8, 9), 1), Query((7, 8, 5, 6), 2), Query((4, 5, 6), 1)]  # (7, 8) shared
+    for members in context_groups(queries):
+        size = segment_size(queries, members)
+        assert size == segment_length(segment_pieces(queries, members))
+        assert size == int(packed_batch([queries[i] for i in members], 0)["attention_mask"].sum())
 
 
 # length_sorted_batches ------------------------------------------------------------------------
