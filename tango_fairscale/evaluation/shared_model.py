@@ -26,7 +26,6 @@ from tango.common.logging import cli_logger
 from tango.integrations.torch import Model
 
 from ..model.causal_lm import ModelWrapper, model_origin
-from ..model.loading import probed_on
 
 #: Loaded models by (Tango hash, device, dtype), alive while a :class:`ModelSource` holds them.
 _LOADED: weakref.WeakValueDictionary[tuple[str, str, str], ModelWrapper] = (
@@ -87,10 +86,12 @@ class ModelSource(CustomDetHash):
         model = self._held.get(key) or _LOADED.get(key)
         if model is None:
             start = time.perf_counter()
-            # Probed on the device where the fp32 model goes whole anyway: not in a smaller dtype,
-            # whose cast on the way keeps the device's peak at the smaller size.
-            with probed_on(device if dtype == torch.float32 else None):
-                model = ModelWrapper(**self.kwargs)
+            model = ModelWrapper(**self.kwargs)
+            # Probed on the device where the fp32 model goes whole anyway; in fp32 on the CPU
+            # for a smaller dtype, whose cast on the way keeps the device's peak at its size.
+            if dtype == torch.float32:
+                model.to(device)
+            model.probe()
             model = model.to(device=device, dtype=dtype).eval()
             _LOADED[key] = model
             cli_logger.info(  # on the console: one line a command
@@ -115,8 +116,9 @@ def evaluation_model(
     cast copy, so that the shared model keeps its fp32 weights for the next step."""
     if isinstance(model, ModelSource):
         return model.load(device, dtype)
-    if dtype == torch.float32:
+    if dtype == torch.float32:  # probed on the device, at its first use
         return model.to(device=device, dtype=dtype).eval()
+    model.probe()  # in fp32, before the cast: the copy keeps the result
     return cast_copy(model, device, dtype).eval()
 
 

@@ -23,7 +23,6 @@ from .loading import (
     context_length,
     fuse_tanh_gelu,
     load_tokenizer,
-    probe_device,
     set_padding_token,
 )
 from .logits import check_fast_path, logit_transform
@@ -79,9 +78,8 @@ class ModelWrapper(Model, CustomDetHash):
 
     Loading refuses, in one line, a model whose own forward computes other log-likelihoods than
     the scorer (:func:`~.logits.check_fast_path`), a tokenizer that does not encode text and an
-    end-of-text id outside the tokenizer. The weights are fp32 whatever the checkpoint stores,
-    built on the CPU; inside :func:`~.loading.probed_on` they move to its device before the load
-    probes (the fast path's and packing's) run.
+    end-of-text id outside the tokenizer (the first at :meth:`probe`). The weights are fp32
+    whatever the checkpoint stores, built on the CPU.
 
     Its Tango hash (a step's cache key) is :attr:`origin`: ``MODEL_VERSION``, the construction
     arguments and the fingerprints of the ``model`` and ``tokenizer`` sources
@@ -110,13 +108,8 @@ class ModelWrapper(Model, CustomDetHash):
         assert tokenizer_source is not None  # model_origin refuses neither
         self.model: PreTrainedModel = build_model(model, config, seed)
         fuse_tanh_gelu(self.model)
-        device = probe_device()  # the load probes run there (.loading.probed_on)
-        if device is not None:
-            self.to(device)  # the wrapper holds only the model yet
         #: What the model's own forward does to its head's output (the fast loss does the same).
         self.logit_transform = logit_transform(self.model.config)
-        vocab_size = int(self.model.config.get_text_config().vocab_size)
-        check_fast_path(self.model, self.logit_transform, vocab_size)
         #: Parameters of the model (tied ones once), counted before any engine shards them.
         self.num_parameters = sum(parameter.numel() for parameter in self.model.parameters())
         #: Logged training metrics by step (set by the training step and the stored format).
@@ -124,7 +117,23 @@ class ModelWrapper(Model, CustomDetHash):
         self.tokenizer = load_tokenizer(tokenizer_source)
         check_tokenizer(self.tokenizer, tokenizer_source, self.model.config)
         set_padding_token(self.tokenizer, self.model.config)
-        # Probed now, before an engine wraps (and shards) the model.
+        #: Whether packed queries score as padded ones do; ``None`` until :meth:`probe`.
+        self._takes_packed_batches: bool | None = None
+
+    def probe(self) -> None:
+        """The load probes, once, where the model is now: refuse (one line) a model whose own
+        forward computes other log-likelihoods than the scorer
+        (:func:`~.logits.check_fast_path`), and find whether packed queries score as padded ones.
+
+        Their forwards need the whole model: an engine probes it before it wraps (and shards)
+        it, on the GPU where the whole fp32 model goes anyway (milliseconds there, ~1 s of CPU
+        forwards at 124M); an evaluation's model is probed on its device as it is loaded; any
+        other model at its first :attr:`supports_packing` (a trained model rebuilt from its
+        weights, probed as it trained, goes unprobed until it is scored)."""
+        if self._takes_packed_batches is not None:
+            return
+        vocab_size = int(self.model.config.get_text_config().vocab_size)
+        check_fast_path(self.model, self.logit_transform, vocab_size)
         window = attention_window(self.model.config)
         self._takes_packed_batches = (
             self.model.config._attn_implementation in MASKED_ATTENTION
@@ -150,8 +159,10 @@ class ModelWrapper(Model, CustomDetHash):
         attends a window shorter than :attr:`max_length` (a packed batch's mask is the same for
         every layer, without the window) and, probed at load, it scores packed queries as it
         scores them padded (Bloom does not: its ALiBi is built from a 2-D mask)."""
-        attention = self.model.config._attn_implementation  # may be set after loading
-        return attention in MASKED_ATTENTION and self._takes_packed_batches
+        if self.model.config._attn_implementation not in MASKED_ATTENTION:  # set after loading?
+            return False
+        self.probe()
+        return bool(self._takes_packed_batches)
 
     def forward(
         self,

@@ -5,11 +5,8 @@ tokenizer without its files, an end-of-text id outside it)."""
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import difflib
 import os
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -42,30 +39,6 @@ UNBOUNDED_TOKENIZER_LENGTH = int(1e30)
 #: huggingface_hub 1.16's message when it retries a request on the client it closed after a
 #: connection error (the hub unreachable without ``HF_HUB_OFFLINE``).
 _CLOSED_CLIENT = "client has been closed"
-
-
-#: Where a model built inside :func:`probed_on` goes before its load probes run.
-_PROBE_DEVICE: contextvars.ContextVar[torch.device | None] = contextvars.ContextVar(
-    "probe_device", default=None
-)
-
-
-@contextlib.contextmanager
-def probed_on(device: torch.device | None) -> Iterator[None]:
-    """A :class:`~.causal_lm.ModelWrapper` constructed inside is built as anywhere (on the CPU: the
-    same weights whatever the device), then moved to ``device`` (``None``: left on the CPU), where
-    its load probes run — a GPU runs their forwards in milliseconds, a CPU in ~1 s at 124M. For
-    callers that move the whole fp32 model to ``device`` right after anyway."""
-    token = _PROBE_DEVICE.set(device)
-    try:
-        yield
-    finally:
-        _PROBE_DEVICE.reset(token)
-
-
-def probe_device() -> torch.device | None:
-    """The device of the innermost :func:`probed_on`, if any."""
-    return _PROBE_DEVICE.get()
 
 
 def fuse_tanh_gelu(model: torch.nn.Module) -> None:

@@ -25,7 +25,6 @@ from tango.integrations.torch import LRScheduler, Model, Optimizer, TrainConfig,
 from .. import compat  # noqa: F401  (Tango fixes)
 from ..checks import one_of, positive_number
 from ..model.causal_lm import ModelWrapper
-from ..model.loading import probed_on
 from ..records.checkpoints import Identity, run_id
 from ..runtime.devices import move_batch
 from ..runtime.process_group import join_process_group
@@ -117,15 +116,16 @@ class Engine(TrainingEngine):
 
     def _construct_model(self, model: Model | Lazy[Model]) -> Model:
         if isinstance(model, Lazy):
-            # Where the whole fp32 model goes to one GPU anyway, it is probed there.
-            on_gpu = self.device.type == "cuda" and self.strategy.whole_model_on_device
-            fp32 = self.precision.param_dtype == torch.float32
-            with probed_on(self.device if on_gpu and fp32 else None):
-                model = model.construct()
+            model = model.construct()
         if not isinstance(model, ModelWrapper):
             raise ConfigurationError(
                 f"the engine needs a 'tango_fairscale::causal_lm' model, got {type(model).__name__}"
             )
+        # Probed whole, before it is wrapped: on the GPU where the whole fp32 model goes anyway.
+        on_gpu = self.device.type == "cuda" and self.strategy.whole_model_on_device
+        if on_gpu and self.precision.param_dtype == torch.float32:
+            model.to(self.device)
+        model.probe()
         return self.strategy.wrap(self.precision.convert_module(model))  # type: ignore[return-value]
 
     def _construct_optimizer(self, optimizer: Lazy[Optimizer]) -> Optimizer:

@@ -4,7 +4,8 @@
   plain Hugging Face full forward of the same directory, computed here, to 1e-4 (+1e-6 relative)
   in fp32; the families whose forward transforms the logits (Gemma-2/3's soft cap, Cohere's and
   Granite's scales, ...) also at large logits, where the transform shows;
-* families whose logits the package does not reproduce are refused at load in one line.
+* families whose logits the package does not reproduce are refused in one line, as evaluation
+  loads them and as an engine takes them to train.
 
 Their 2-process training parity is ``tests/integration/model/test_parity_families.py``.
 
@@ -18,6 +19,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import engine_config
 from helpers.families import (
     REFUSED_FAMILIES,
     VERIFIED_FAMILIES,
@@ -97,9 +99,19 @@ def test_scores_apply_the_models_logit_transform(tmp_path, tokenizer_dir, exampl
 
 @pytest.mark.parametrize("family", sorted(REFUSED_FAMILIES))
 def test_unsupported_families_are_refused_in_one_line(tmp_path, tokenizer_dir, family) -> None:
+    from tango.common import Lazy, Params
     from tango.common.exceptions import ConfigurationError
+    from tango.integrations.torch import Model, TrainConfig, TrainingEngine
+
+    from tango_fairscale.evaluation.shared_model import ModelSource
 
     directory = save_family(tmp_path / family, family, tokenizer_dir)
+    # As evaluation loads it, and as an engine takes it to train it.
     with pytest.raises(ConfigurationError, match="is not supported") as error:
-        ModelWrapper(str(directory))
+        ModelSource({"model": str(directory)}).load(torch.device("cpu"), torch.float32)
     assert "\n" not in str(error.value)
+    config = TrainConfig("refused", tmp_path, devices=[-1], world_size=1, is_distributed=False)
+    model = Lazy(Model, Params({"type": "tango_fairscale::causal_lm", "model": str(directory)}))
+    engine = Lazy(TrainingEngine, Params(engine_config("tango_fairscale::ddp")))
+    with pytest.raises(ConfigurationError, match="is not supported"):
+        engine.construct(train_config=config, model=model)

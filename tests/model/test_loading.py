@@ -82,12 +82,10 @@ def test_an_eos_token_outside_the_vocabulary_is_refused(tokenizer_dir) -> None:
         ModelWrapper(config=config, tokenizer=str(tokenizer_dir))
 
 
-def test_a_model_built_inside_probed_on_is_probed_on_that_device(
-    tiny_model_dir, monkeypatch
-) -> None:
-    """Built as anywhere (the same weights), moved, then probed: the probes see the device."""
+def test_the_load_probes_run_once_where_the_model_is_then(tiny_model_dir, monkeypatch) -> None:
+    """Construction probes nothing; the first ``probe`` (or ``supports_packing``) probes the
+    model where it is, and only once."""
     import tango_fairscale.model.causal_lm as causal_lm
-    from tango_fairscale.model.loading import probe_device, probed_on
 
     seen: list[str] = []
 
@@ -98,12 +96,9 @@ def test_a_model_built_inside_probed_on_is_probed_on_that_device(
     # The meta device stands in for a GPU: the recording probes run nothing on it.
     monkeypatch.setattr(causal_lm, "check_fast_path", where)
     monkeypatch.setattr(causal_lm, "packing_matches_padding", where)
-    with probed_on(torch.device("meta")):
-        assert probe_device() == torch.device("meta")
-        moved = ModelWrapper(str(tiny_model_dir))
-    assert probe_device() is None and seen == ["meta", "meta"]
-    assert {p.device.type for p in moved.parameters()} == {"meta"}
-    seen.clear()
-    with probed_on(None):
-        ModelWrapper(str(tiny_model_dir))
-    assert seen == ["cpu", "cpu"]
+    model = ModelWrapper(str(tiny_model_dir))
+    assert seen == []
+    model.to(torch.device("meta"))
+    assert model.supports_packing
+    model.probe()
+    assert seen == ["meta", "meta"]

@@ -104,5 +104,5 @@ def _register_llama_variant(name: str, change) -> str:
 def test_an_unknown_logit_transform_is_refused_in_one_line(tokenizer_dir, name, change) -> None:
     config = {**_LLAMA, "model_type": _register_llama_variant(name, change)}
     with pytest.raises(ConfigurationError, match=f"{name} .* is not supported") as error:
-        ModelWrapper(config=config, tokenizer=str(tokenizer_dir))
+        ModelWrapper(config=config, tokenizer=str(tokenizer_dir)).probe()
     assert "\n" not in str(error.value)
