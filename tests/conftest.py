@@ -81,6 +81,23 @@ def shared_data_dir() -> Path:
     return path
 
 
+@pytest.fixture
+def probed_devices(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The device type of every model whose load probes run (``check_fast_path``, their first),
+    in order, the probes themselves unchanged."""
+    import tango_fairscale.model.causal_lm as causal_lm
+
+    devices: list[str] = []
+    check = causal_lm.check_fast_path
+
+    def recorded(model, *args):  # type: ignore[no-untyped-def]
+        devices.append(next(model.parameters()).device.type)
+        return check(model, *args)
+
+    monkeypatch.setattr(causal_lm, "check_fast_path", recorded)
+    return devices
+
+
 @pytest.fixture(scope="session")
 def piqa_dir() -> Path:
     return shared_data_dir() / "piqa"

@@ -168,21 +168,13 @@ def test_bf16_true_leaves_a_shared_model_as_it_was_for_the_next_step(
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="probes on a GPU")
-def test_an_fp32_model_is_probed_on_the_gpu_it_scores_on(tiny_model_dir, monkeypatch) -> None:
+def test_an_fp32_model_is_probed_on_the_gpu_it_scores_on(tiny_model_dir, probed_devices) -> None:
     """The load probes run where the fp32 model goes whole; a bf16 one is probed on the CPU
     (its cast on the way keeps the GPU's peak at bf16), and both take packed batches."""
-    probed: list[str] = []
-    check = causal_lm.check_fast_path
-
-    def recorded(model, *args):  # type: ignore[no-untyped-def]
-        probed.append(next(model.parameters()).device.type)
-        return check(model, *args)
-
-    monkeypatch.setattr(causal_lm, "check_fast_path", recorded)
     source = ModelSource({"model": str(tiny_model_dir)})
     cuda = torch.device("cuda")
     fp32 = source.load(cuda, torch.float32)
     bf16 = source.load(cuda, torch.bfloat16)
-    assert probed == ["cuda", "cpu"]
+    assert probed_devices == ["cuda", "cpu"]
     assert fp32.supports_packing and bf16.supports_packing
     assert {p.device.type for p in bf16.parameters()} == {"cuda"}

@@ -264,19 +264,9 @@ def test_graphs_are_captured_while_another_thread_pins_host_memory(
 
 
 @GPU
-def test_the_bare_models_load_probes_run_on_its_gpu(tiny_model_dir, tmp_path, monkeypatch) -> None:
+def test_the_bare_models_probes_run_on_its_gpu(tiny_model_dir, tmp_path, probed_devices) -> None:
     import torch.distributed as dist
 
-    import tango_fairscale.model.causal_lm as causal_lm
-
-    probed: list[str] = []
-    check = causal_lm.check_fast_path
-
-    def recorded(model, *args):  # type: ignore[no-untyped-def]
-        probed.append(next(model.parameters()).device.type)
-        return check(model, *args)
-
-    monkeypatch.setattr(causal_lm, "check_fast_path", recorded)
     try:
         build("tango_fairscale::fairscale", tiny_model_dir, tmp_path / "a")
         build("tango_fairscale::ddp", tiny_model_dir, tmp_path / "b", precision="bf16-true")
@@ -284,4 +274,4 @@ def test_the_bare_models_load_probes_run_on_its_gpu(tiny_model_dir, tmp_path, mo
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-    assert probed == ["cuda", "cpu", "cpu"]  # bf16-true: cast on the CPU first, as before
+    assert probed_devices == ["cuda", "cpu", "cpu"]  # bf16-true: cast on the CPU first, as before
