@@ -157,8 +157,9 @@ class ModelWrapper(Model, CustomDetHash):
     def supports_packing(self) -> bool:
         """Whether the model takes packed batches: its attention takes explicit masks, no layer
         attends a window shorter than :attr:`max_length` (a packed batch's mask is the same for
-        every layer, without the window) and, probed at load, it scores packed queries as it
-        scores them padded (Bloom does not: its ALiBi is built from a 2-D mask)."""
+        every layer, without the window) and, probed (:meth:`probe`, run here if it has not
+        run), it scores packed queries as it scores them padded (Bloom does not: its ALiBi is
+        built from a 2-D mask)."""
         if self.model.config._attn_implementation not in MASKED_ATTENTION:  # set after loading?
             return False
         self.probe()
