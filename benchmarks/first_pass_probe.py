@@ -9,10 +9,9 @@ around it, the GPU's gap before it, and whether its ``(rows, width)`` shape is n
 the GPU's idle time before the first forward and after the last.
 
 ``--variant``: ``default``; ``bucket`` (each packed batch padded to a multiple of 8 rows and 64
-positions: few shapes, more padding); ``warm-up`` (the package's scoring warm-up,
-``evaluation/warm_up.py``, started before the queries are built, as the step starts it before
-lm-eval builds its requests). Run each variant in a process of its own: the first forward's
-cost is once a process.
+positions: few shapes, more padding). Run each variant in a process of its own: the first
+forward's cost is once a process. (A third variant, at 49cff88, measured a warm-up forward on a
+thread before the queries were built: ``first_pass_probe_h100_49cff88.json``.)
 
     python benchmarks/first_pass_probe.py --variant default [--tokenizer DIR] [--out F.json]
 """
@@ -20,10 +19,8 @@ cost is once a process.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -36,7 +33,7 @@ from scoring_probe import task_queries  # noqa: E402
 
 _bench.setup_paths()
 
-VARIANTS = ("default", "bucket", "warm-up")
+VARIANTS = ("default", "bucket")
 #: A packed batch of the ``bucket`` variant: rows a multiple of this, positions of the second.
 BUCKET = (8, 64)
 PAD_VALUES = {"input_ids": 0, "attention_mask": 0, "labels": -100, "position_ids": 0}
@@ -76,8 +73,6 @@ class ForwardLog:
     def __call__(self, batch: dict[str, torch.Tensor]) -> Any:
         from tango_fairscale.runtime.devices import move_batch
 
-        if threading.current_thread() is not threading.main_thread():  # the warm-up: not logged
-            return self.model(**move_batch(batch, self.device))
         row = self.rows[-1]
         shape = tuple(batch["input_ids"].shape)
         row["new_shape"] = shape not in self.seen
@@ -128,9 +123,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("first_pass_probe.json"))
     args = parser.parse_args()
     from tango_fairscale.evaluation import scoring
-    from tango_fairscale.evaluation.call import EvalOptions, ModelCall
+    from tango_fairscale.evaluation.call import EvalOptions
     from tango_fairscale.evaluation.lm import scoring_precision
-    from tango_fairscale.evaluation.warm_up import warmed_up
     from tango_fairscale.model.causal_lm import ModelWrapper
     from tango_fairscale.parallel.precision import resolve_precision
 
@@ -144,12 +138,7 @@ def main() -> None:
     sampler = _bench.GpuSampler()
     sampler.start()
     rows = []
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(scoring_precision(model, precision))
-        forward: Any = log
-        if args.variant == "warm-up":
-            call = ModelCall(log, model, device)
-            forward = stack.enter_context(warmed_up(call, precision, packed=True))
+    with scoring_precision(model, precision):
         queries = {task: task_queries(task) for task in ("hellaswag", "mmlu")}
         for label in ("first", "second"):
             for task, task_queries_ in queries.items():
@@ -160,9 +149,7 @@ def main() -> None:
                 )
                 started = time.perf_counter()
                 begin.record()
-                scoring.score_queries(
-                    forward, task_queries_, options, pad_token_id=0, device=device
-                )
+                scoring.score_queries(log, task_queries_, options, pad_token_id=0, device=device)
                 finish.record()
                 torch.cuda.synchronize()
                 window = (started, time.perf_counter())

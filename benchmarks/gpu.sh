@@ -40,7 +40,7 @@
 #@ generation | 1 | 420 | the package's generate_until >= 3x lm-eval's HF backend (generated tokens/s, bf16), GSM8K-shaped: 2,000 prompts x 256 new tokens; whole commands
 #@ graph-probe | 1 | 240 | static-shape packed PIQA steps (bucketed lengths) captured as CUDA graphs against eager steps, bare 124M on one GPU: step and GPU kernel ms against eager fp32 (target <= 1/2), 300-step loss parity, capture cost and buckets of the 2,000-step schedule
 #@ scoring-probe | 1 | 150 | where a scoring pass's time goes (GPT-2 124M, bf16-mixed, the synthetic suite's shapes): packing, the host queueing forwards, the GPU; each wait for the device in a forward
-#@ first-pass-probe | 1 | 150 | a process's first scoring pass forward by forward (GPT-2 124M, bf16-mixed, the synthetic suite's shapes): the first forward's one-time cost, new shapes against seen ones, GPU gaps; as scored, with shapes bucketed, and after the scoring warm-up
+#@ first-pass-probe | 1 | 100 | a process's first scoring pass forward by forward (GPT-2 124M, bf16-mixed, the synthetic suite's shapes): the first forward's one-time cost, new shapes against seen ones, GPU gaps; as scored and with shapes bucketed
 #@ attention-probe | 1 | 60 | the first call of each attention kernel at each new packed length (bf16, boolean mask): why forwards on a GPU leave cuDNN's attention out; and each kernel's steady time at the synthetic training benchmark's fixed causal shapes (124M, 1.5B)
 #@ torch-train | 1 | 200 | Tango's torch::train with the fsdp2 engine (bf16-mixed) next to tango_fairscale::train: tokens/s
 # Groups: train-synthetic = train-synthetic-124m train-synthetic-1.5b.
@@ -282,8 +282,8 @@ suite_scoring_probe() {  # scoring_probe.json: host and GPU seconds of each pass
 suite_first_pass_probe() {  # first_pass_probe_VARIANT.json: each variant in a fresh process
   [ ${#TINY[@]} -gt 0 ] && { echo "(first-pass-probe needs a GPU)"; return 0; }
   local variant
-  for variant in default bucket warm-up; do
-    step $(( BUDGET / 3 )) "$PY" benchmarks/first_pass_probe.py --variant "$variant" \
+  for variant in default bucket; do
+    step $(( BUDGET / 2 )) "$PY" benchmarks/first_pass_probe.py --variant "$variant" \
       --tokenizer "$TOKENIZER_DIR" --out "$DIR/first_pass_probe_$variant.json"
   done
 }

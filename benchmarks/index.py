@@ -100,6 +100,13 @@ EARLIER: dict[str, dict[str, str | None]] = {
         "(HellaSwag) and 0.90 s (MMLU); a second model's load 4.2 s, mostly transformers' "
         "imports, and the fast-path probe on the CPU 0.65 s; lm-eval's task loading 1.0 s",
     },
+    "warm_up_ab_h100_49cff88": {
+        "suite": None,
+        "target": "evidence (PERFORMANCE, the lm-eval row): the synthetic suite's package "
+        "commands without and with 49cff88's scoring warm-up, one host, one call",
+        "figure": "commands 20.7 / 15.8 s without, 19.2 / 14.8 s with (first / second model); "
+        "scoring passes 1.73 + 1.16 s without, 1.75 + 1.23 s with: the warm-up removed",
+    },
     "profile_main_job_h200_1686201": {
         "suite": "profile-main-job",
         "figure": "analysis: each process of the main job's command (300 steps) under cProfile",

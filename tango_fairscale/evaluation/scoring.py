@@ -69,7 +69,12 @@ def score_queries(
     """
     sizes = (options.batch_size, options.max_batch_tokens, options.packed)
     batches = scoring_batches(queries, *sizes) if batches is None else batches
-    make_batch = batch_maker(options.packed, pad_token_id)
+    if options.packed:
+        make_batch = functools.partial(
+            packed_batch, pad_token_id=pad_token_id, width_multiple=SCORING_WIDTH_MULTIPLE
+        )
+    else:
+        make_batch = functools.partial(collate, pad_token_id=pad_token_id)
     filler = [Query((pad_token_id, pad_token_id), 1)]  # any tokens serve
     results: list[torch.Tensor] = []
     greedy: list[torch.Tensor] = []
@@ -97,16 +102,6 @@ def score_queries(
     bar.update(sum(num_rows for _, num_rows in queued))
     bar.close()
     return _in_query_order(batches, results, greedy)
-
-
-def batch_maker(packed: bool, pad_token_id: int) -> Callable[[Sequence[Query]], dict]:
-    """What makes a scoring batch of queries: :func:`packed_batch` rows (``packed``, their width
-    a multiple of ``SCORING_WIDTH_MULTIPLE``) or :func:`collate`'s right-padded ones."""
-    if packed:
-        return functools.partial(
-            packed_batch, pad_token_id=pad_token_id, width_multiple=SCORING_WIDTH_MULTIPLE
-        )
-    return functools.partial(collate, pad_token_id=pad_token_id)
 
 
 def out_of_memory(rows: Sequence[Query], options: EvalOptions) -> ConfigurationError:

@@ -28,7 +28,6 @@ from .harness import merge, summary
 from .lm import scoring_precision
 from .scoring import default_device
 from .shared_model import ModelSource, evaluation_model
-from .warm_up import warmed_up
 
 
 @Step.register("tango_fairscale::task_scores")
@@ -163,17 +162,15 @@ class TaskScoresStep(Step[dict]):
             pack_sequences = scorer.supports_packing
         elif pack_sequences and not scorer.supports_packing:
             raise ConfigurationError(packing_refusal(scorer))
-        call = ModelCall.local(scorer, device)
-        Evaluator(call).check(task, loaded)  # before the warm-up and the queries
-        with (
-            scoring_precision(scorer, resolved),
-            warmed_up(call, resolved, pack_sequences) as warm_call,
-        ):
-            evaluator = Evaluator(
-                warm_call, dataclasses.replace(options, packed=pack_sequences), generation
-            )
-            if tokens is not None:
-                evaluator.lm.take_queries(known_queries(tokens, pairs, scorer.max_length))
+        evaluator = Evaluator(
+            ModelCall.local(scorer, device),
+            dataclasses.replace(options, packed=pack_sequences),
+            generation,
+        )
+        evaluator.check(task, loaded)
+        if tokens is not None:
+            evaluator.lm.take_queries(known_queries(tokens, pairs, scorer.max_length))
+        with scoring_precision(scorer, resolved):
             scores = evaluator.evaluate(task, loaded, bootstrap_iters)
         scores["config"] = {"precision": resolved.name, "device": device.type}
         scores["truncated_continuations"] = evaluator.lm.truncated_continuations
