@@ -2,7 +2,8 @@
 on ``PYTHONPATH`` (the user's command and the training workers it spawns) runs under ``cProfile``
 and writes ``DIR/<pid>.prof`` when it exits; ``benchmarks/profile_summary.py DIR`` reads them.
 With ``BENCH_SCORING_PROFILE_DIR`` set, each of the package's log-likelihood passes runs under
-``torch.profiler`` (``scoring_profile.py``)."""
+``torch.profiler`` (``scoring_profile.py``); with ``BENCH_SCORING_EVENTS_DIR``, timed forward by
+forward with CUDA events instead (``scoring_events.py``)."""
 
 import os
 import sys
@@ -11,6 +12,11 @@ if os.environ.get("BENCH_SCORING_PROFILE_DIR"):
     from scoring_profile import PatchScorer
 
     sys.meta_path.insert(0, PatchScorer(os.environ["BENCH_SCORING_PROFILE_DIR"]))
+
+if os.environ.get("BENCH_SCORING_EVENTS_DIR"):
+    from scoring_events import EventScorer
+
+    sys.meta_path.insert(0, EventScorer(os.environ["BENCH_SCORING_EVENTS_DIR"]))
 
 _PROFILE_DIR = os.environ.get("BENCH_CPROFILE_DIR")
 if _PROFILE_DIR:

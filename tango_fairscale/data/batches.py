@@ -174,9 +174,16 @@ class _Piece(NamedTuple):
 def context_groups(queries: Sequence[Query]) -> list[list[int]]:
     """Indices of ``queries`` grouped by identical context tokens, in order of appearance."""
     groups: dict[tuple[int, ...], list[int]] = {}
+    last_context: tuple[int, ...] | None = None
+    last_group: list[int] = []
     for index, query in enumerate(queries):
         tokens = query.tokens
-        groups.setdefault(tokens[: len(tokens) - query.continuation_length], []).append(index)
+        context = tokens[: len(tokens) - query.continuation_length]
+        # A task's choices of one document come one after another: comparing with the last
+        # context skips most dictionary lookups (hashing a context costs as much as comparing).
+        if context != last_context:
+            last_context, last_group = context, groups.setdefault(context, [])
+        last_group.append(index)
     return list(groups.values())
 
 

@@ -121,8 +121,11 @@ class ScorerLM(LM):
         started = time.perf_counter()
         options = self.options
         # Identical requests (two choices equal after left truncation, say) scored once: an exact
-        # tie stays exact, and lm-eval's argmax takes the first, whatever the batch-mates.
-        distinct = list(dict.fromkeys(queries))
+        # tie stays exact, and lm-eval's argmax takes the first, whatever the batch-mates. Each
+        # query is hashed once: its slot among the distinct ones.
+        slot_of: dict[Query, int] = {}
+        slots = [slot_of.setdefault(query, len(slot_of)) for query in queries]
+        distinct = list(slot_of)
         answers = score_on_all_ranks(
             self.call,
             distinct,
@@ -137,8 +140,7 @@ class ScorerLM(LM):
             seconds,
             f"{len(distinct) / max(seconds, 1e-9):,.0f}",
         )
-        by_query = dict(zip(distinct, answers, strict=True))
-        return [by_query[query] for query in queries]
+        return [answers[slot] for slot in slots]
 
     def _rolling_windows(self, ids: list[int]) -> Iterator[Query]:
         """lm-eval's HF backend's windows of a text: each predicts its continuation from at most

@@ -118,14 +118,16 @@ def out_of_memory(rows: Sequence[Query], options: EvalOptions) -> ConfigurationE
 def _in_query_order(
     batches: Sequence[Sequence[int]], results: list[torch.Tensor], greedy: list[torch.Tensor]
 ) -> list[tuple[float, bool]]:
-    """The batches' ``(log-likelihood, greedy)`` pairs, read to the host once, in query order."""
-    values = torch.cat(results).cpu().tolist() if results else []
-    flags = torch.cat(greedy).cpu().tolist() if greedy else []
-    order = [i for batch_indices in batches for i in batch_indices]
-    scores = [(0.0, False)] * len(order)
-    for query_index, value, flag in zip(order, values, flags, strict=True):
-        scores[query_index] = (value, bool(flag))
-    return scores
+    """The batches' ``(log-likelihood, greedy)`` pairs, put in query order on the device and
+    read to the host once."""
+    if not results:
+        return []
+    order = torch.tensor([i for batch_indices in batches for i in batch_indices])
+    values = torch.cat(results)
+    in_order = torch.empty_like(values).index_copy_(0, order.to(values.device), values)
+    flags = torch.cat(greedy)
+    flags_in_order = torch.empty_like(flags).index_copy_(0, order.to(flags.device), flags)
+    return list(zip(in_order.tolist(), flags_in_order.bool().tolist(), strict=True))
 
 
 def score_on_all_ranks(

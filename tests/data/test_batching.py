@@ -319,6 +319,18 @@ def test_packed_scoring_batches_keep_a_context_together() -> None:
     assert scoring_batches(queries, 3) == length_sorted_batches(queries, 3)
 
 
+def test_context_groups_gather_equal_contexts_wherever_they_are() -> None:
+    queries = [
+        Query((1, 2, 3, 4), 1),
+        Query((1, 2, 3, 5, 6), 2),  # the same context, next to it
+        Query((7, 8), 1),
+        Query((1, 2, 3, 9), 1),  # the first context again, after another
+        Query((1, 2, 4), 1),  # a context that begins the first one's: another group
+        Query((1, 2, 5), 1),
+    ]
+    assert context_groups(queries) == [[0, 1, 3], [2], [4, 5]]
+
+
 def test_a_segments_size_is_the_places_its_pieces_take(tokenizer: Any, piqa_small: Any) -> None:
     queries = choice_queries(list(piqa_small["validation"])[:20], tokenizer, 1024)
     queries += [Query((7, 8, 9), 1), Query((7, 8, 5, 6), 2), Query((4, 5, 6), 1)]  # (7, 8) shared
