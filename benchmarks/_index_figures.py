@@ -182,6 +182,16 @@ def graph_probe_figure(data: dict[str, Any]) -> str:
     return "; ".join(parts) or "no graph variant measured"
 
 
+def scoring_events_figure(data: dict[str, Any]) -> str:
+    parts = [
+        f"{p['model']} model {p['task']}: {p['pass_s']:.2f} s, GPU in forwards "
+        f"{p['event_busy_pct']} %, idle {p['gpu_idle_before_first_ms']:.0f} ms before the first, "
+        f"{p['gpu_idle_after_last_ms']:.0f} ms after the last"
+        for p in data.get("passes", [])
+    ]
+    return "; ".join(parts) or "no pass measured"
+
+
 FIGURES = {
     "main_job": main_job_figure,
     "train_speed": train_speed_figure,
@@ -193,6 +203,7 @@ FIGURES = {
     "generation_speed": generation_speed_figure,
     "torch_train_speed": torch_train_speed_figure,
     "graph_probe": graph_probe_figure,
+    "scoring_events": scoring_events_figure,
 }
 
 

@@ -38,6 +38,7 @@
 #@ lm-eval | 1 | 400 | the whole command <= 1/4 of lm-eval hf bf16 at its best batch size (64, 256, auto), a second model <= 1/10 of lm-eval's --cache_requests rerun, scoring >= 3x with the GPU busy >= 70 % of it; PIQA eval-only through tango run
 #@ profile-lm-eval | 1 | 240 | where the package's evaluation commands spend their wall time: the synthetic suite (a fresh workspace, then a second model) and PIQA eval-only, each command sampled by py-spy (needs its wheel in .whl/), each scoring pass under torch.profiler
 #@ generation | 1 | 420 | the package's generate_until >= 3x lm-eval's HF backend (generated tokens/s, bf16), GSM8K-shaped: 2,000 prompts x 256 new tokens; whole commands
+#@ scoring-events | 1 | 90 | where the GPU idles in the package's own scoring passes: the synthetic suite's package commands (fresh workspace, second model), each pass timed forward by forward with CUDA events (profile_hook/scoring_events.py)
 #@ graph-probe | 1 | 240 | static-shape packed PIQA steps (bucketed lengths) captured as CUDA graphs against eager steps, bare 124M on one GPU: step and GPU kernel ms against eager fp32 (target <= 1/2), 300-step loss parity, capture cost and buckets of the 2,000-step schedule
 #@ scoring-probe | 1 | 150 | where a scoring pass's time goes (GPT-2 124M, bf16-mixed, the synthetic suite's shapes): packing, the host queueing forwards, the GPU; each wait for the device in a forward
 #@ first-pass-probe | 1 | 100 | a process's first scoring pass forward by forward (GPT-2 124M, bf16-mixed, the synthetic suite's shapes): the first forward's one-time cost, new shapes against seen ones, GPU gaps; as scored and with shapes bucketed
@@ -286,6 +287,14 @@ suite_first_pass_probe() {  # first_pass_probe_VARIANT.json: each variant in a f
     step $(( BUDGET / 2 )) "$PY" benchmarks/first_pass_probe.py --variant "$variant" \
       --tokenizer "$TOKENIZER_DIR" --out "$DIR/first_pass_probe_$variant.json"
   done
+}
+
+suite_scoring_events() {  # lm_eval_speed.json + events/PID.jsonl: each pass of each command
+  step "$BUDGET" env PYTHONPATH="$PWD/benchmarks/profile_hook${PYTHONPATH:+:$PYTHONPATH}" \
+    BENCH_SCORING_EVENTS_DIR="$DIR/events" "$PY" benchmarks/lm_eval_speed.py "${TINY[@]}" \
+    --piqa "$PIQA" --tokenizer "$TOK" --suites synthetic --tools package --timeout-s 100 \
+    --budget-s $(( BUDGET - 10 )) --out "$DIR/lm_eval_speed.json"
+  [ "$DRY_RUN" = 1 ] || cat "$DIR"/events/*.jsonl | tee -a "$LOG"
 }
 
 suite_multinode() {  # multinode.json: the largest weight difference of each launch to one node

@@ -100,6 +100,16 @@ EARLIER: dict[str, dict[str, str | None]] = {
         "(HellaSwag) and 0.90 s (MMLU); a second model's load 4.2 s, mostly transformers' "
         "imports, and the fast-path probe on the CPU 0.65 s; lm-eval's task loading 1.0 s",
     },
+    "scoring_events_h100_2087b42": {
+        "suite": None,
+        "target": "evidence (PERFORMANCE, the lm-eval row): the synthetic suite's package "
+        "commands, each scoring pass timed forward by forward (profile_hook/scoring_events.py)",
+    },
+    "scoring_events_h100_b899a22": {
+        "suite": None,
+        "target": "evidence (PERFORMANCE, the lm-eval row): the same after b899a22's host cuts "
+        "in a scoring pass (another host)",
+    },
     "warm_up_ab_h100_49cff88": {
         "suite": None,
         "target": "evidence (PERFORMANCE, the lm-eval row): the synthetic suite's package "
