@@ -34,7 +34,7 @@ def _timed(function, totals, key):  # type: ignore[no-untyped-def]
     return wrapper
 
 
-def _evented(score, folder):  # type: ignore[no-untyped-def]
+def evented(score, folder):  # type: ignore[no-untyped-def]
     import functools
 
     import torch
@@ -105,30 +105,3 @@ def _evented(score, folder):  # type: ignore[no-untyped-def]
         return result
 
     return wrapper
-
-
-class EventScorer:
-    """A meta path finder that wraps ``ScorerLM._score`` once its module has been imported."""
-
-    name = "tango_fairscale.evaluation.lm"
-
-    def __init__(self, folder: str) -> None:
-        self.folder = folder
-
-    def find_spec(self, fullname, path=None, target=None):  # type: ignore[no-untyped-def]
-        if fullname != self.name:
-            return None
-        sys.meta_path.remove(self)
-        import importlib.util
-
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None:
-            return spec
-        exec_module = spec.loader.exec_module
-
-        def exec_and_patch(module):  # type: ignore[no-untyped-def]
-            exec_module(module)
-            module.ScorerLM._score = _evented(module.ScorerLM._score, self.folder)
-
-        spec.loader.exec_module = exec_and_patch  # type: ignore[method-assign]
-        return spec

@@ -1,12 +1,13 @@
 """Benchmarks only, through ``sitecustomize.py``: each of the package's log-likelihood passes
 (``ScorerLM._score``) under ``torch.profiler``, written to ``DIR/<pid>-<n>.txt``: the pass's wall
-seconds, the GPU's kernel seconds within it, and the operators by own GPU and own CPU time."""
+seconds, the GPU's kernel seconds within it, and the operators by own GPU and own CPU time.
+:class:`PatchScorer` puts any such wrapper in place (``scoring_events.py`` has the other)."""
 
 import os
 import sys
 
 
-def _profiled(score, folder):  # type: ignore[no-untyped-def]
+def profiled(score, folder):  # type: ignore[no-untyped-def]
     import functools
     import time
 
@@ -54,12 +55,13 @@ def _profiled(score, folder):  # type: ignore[no-untyped-def]
 
 
 class PatchScorer:
-    """A meta path finder that wraps ``ScorerLM._score`` once its module has been imported."""
+    """A meta path finder that wraps ``ScorerLM._score`` once its module has been imported:
+    ``ScorerLM._score = wrap(ScorerLM._score)``."""
 
     name = "tango_fairscale.evaluation.lm"
 
-    def __init__(self, folder: str) -> None:
-        self.folder = folder
+    def __init__(self, wrap) -> None:  # type: ignore[no-untyped-def]
+        self.wrap = wrap
 
     def find_spec(self, fullname, path=None, target=None):  # type: ignore[no-untyped-def]
         if fullname != self.name:
@@ -74,7 +76,7 @@ class PatchScorer:
 
         def exec_and_patch(module):  # type: ignore[no-untyped-def]
             exec_module(module)
-            module.ScorerLM._score = _profiled(module.ScorerLM._score, self.folder)
+            module.ScorerLM._score = self.wrap(module.ScorerLM._score)
 
         spec.loader.exec_module = exec_and_patch  # type: ignore[method-assign]
         return spec

@@ -9,14 +9,16 @@ import os
 import sys
 
 if os.environ.get("BENCH_SCORING_PROFILE_DIR"):
+    from scoring_profile import PatchScorer, profiled
+
+    _folder = os.environ["BENCH_SCORING_PROFILE_DIR"]
+    sys.meta_path.insert(0, PatchScorer(lambda score: profiled(score, _folder)))
+elif os.environ.get("BENCH_SCORING_EVENTS_DIR"):
+    from scoring_events import evented
     from scoring_profile import PatchScorer
 
-    sys.meta_path.insert(0, PatchScorer(os.environ["BENCH_SCORING_PROFILE_DIR"]))
-
-if os.environ.get("BENCH_SCORING_EVENTS_DIR"):
-    from scoring_events import EventScorer
-
-    sys.meta_path.insert(0, EventScorer(os.environ["BENCH_SCORING_EVENTS_DIR"]))
+    _folder = os.environ["BENCH_SCORING_EVENTS_DIR"]
+    sys.meta_path.insert(0, PatchScorer(lambda score: evented(score, _folder)))
 
 _PROFILE_DIR = os.environ.get("BENCH_CPROFILE_DIR")
 if _PROFILE_DIR:
