@@ -122,11 +122,11 @@ def _in_query_order(
     read to the host once."""
     if not results:
         return []
+    values, flags = torch.cat(results), torch.cat(greedy)
     order = torch.tensor([i for batch_indices in batches for i in batch_indices])
-    values = torch.cat(results)
-    in_order = torch.empty_like(values).index_copy_(0, order.to(values.device), values)
-    flags = torch.cat(greedy)
-    flags_in_order = torch.empty_like(flags).index_copy_(0, order.to(flags.device), flags)
+    order = order.to(values.device)
+    in_order = torch.empty_like(values).index_copy_(0, order, values)
+    flags_in_order = torch.empty_like(flags).index_copy_(0, order, flags)
     return list(zip(in_order.tolist(), flags_in_order.bool().tolist(), strict=True))
 
 
