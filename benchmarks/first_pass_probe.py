@@ -10,8 +10,7 @@ the GPU's idle time before the first forward and after the last.
 
 ``--variant``: ``default``; ``bucket`` (each packed batch padded to a multiple of 8 rows and 64
 positions: few shapes, more padding). Run each variant in a process of its own: the first
-forward's cost is once a process. (A third variant, at 49cff88, measured a warm-up forward on a
-thread before the queries were built: ``first_pass_probe_h100_49cff88.json``.)
+forward's cost is once a process.
 
     python benchmarks/first_pass_probe.py --variant default [--tokenizer DIR] [--out F.json]
 """
