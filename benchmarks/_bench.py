@@ -272,6 +272,8 @@ KERNEL_KINDS: list[tuple[str, tuple[str, ...]]] = [
     ("compiled", ("triton",)),
     ("memcpy", ("memcpy", "memset")),
 ]
+#: Kernels listed per profiled run by :func:`top_kernels`.
+TOP_KERNELS = 25
 #: Every kind :func:`kernel_kind` returns, in report order.
 KERNEL_KIND_NAMES = tuple(kind for kind, _ in KERNEL_KINDS) + ("other",)
 
@@ -296,6 +298,30 @@ def gpu_ms_by_kind(events: Any, steps: int) -> dict[str, float]:
     per_step = {kind: round(us / 1000 / steps, 3) for kind, us in totals.items()}
     per_step["busy"] = round(sum(totals.values()) / 1000 / steps, 3)
     return per_step
+
+
+def top_kernels(events: Any, steps: int, count: int = TOP_KERNELS) -> list[dict[str, Any]]:
+    """The ``count`` GPU kernels that take the most time: per kernel name (cut to 120
+    characters), its kind, GPU ms and launches per step, from the same event list as
+    :func:`gpu_ms_by_kind`."""
+    from torch.autograd import DeviceType
+
+    totals: dict[str, list[float]] = {}
+    for event in events:
+        if event.device_type == DeviceType.CUDA:
+            entry = totals.setdefault(event.name, [0.0, 0])
+            entry[0] += event.time_range.elapsed_us()
+            entry[1] += 1
+    ranked = sorted(totals.items(), key=lambda item: -item[1][0])[:count]
+    return [
+        {
+            "name": name[:120],
+            "kind": kernel_kind(name),
+            "ms": round(us / 1000 / steps, 3),
+            "calls": round(calls / steps, 2),
+        }
+        for name, (us, calls) in ranked
+    ]
 
 
 def median(values: list[float]) -> float:

@@ -180,6 +180,8 @@ def summarize(
         row["gpu_ms_per_step"] = gpu_ms
         if spec["data"] == "synthetic" and spec["engine"] != "pipe":
             row["kernel_tflops"] = _train_profile.kernel_tflops(spec, gpu_ms)
+    if main.get("top_kernels"):
+        row["top_kernels"] = main["top_kernels"]
     if main.get("host_profile"):
         row["host_profile"] = main["host_profile"]
     if "peak_allocated" in main:

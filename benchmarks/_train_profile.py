@@ -43,11 +43,12 @@ def profile(
             engine.backward(loss)
             engine.step()
 
-    result: dict[str, Any] = {"gpu_ms_per_step": None, "host_profile": None}
+    result: dict[str, Any] = {"gpu_ms_per_step": None, "top_kernels": None, "host_profile": None}
     count = spec.get("profile_steps") or 0
     if count:
         if rank == 0 and torch.cuda.is_available():
-            result["gpu_ms_per_step"] = kernel_time(lambda: run(count), count, sync)
+            by_kind, top = kernel_time(lambda: run(count), count, sync)
+            result.update(gpu_ms_per_step=by_kind, top_kernels=top)
         else:
             run(count)
     count = spec.get("cprofile_steps") or 0
@@ -59,8 +60,11 @@ def profile(
     return result
 
 
-def kernel_time(run: Callable[[], None], count: int, sync: Callable[[], None]) -> dict[str, float]:
-    """Wall ms per step and GPU kernel ms per step by kind, of ``count`` steps."""
+def kernel_time(
+    run: Callable[[], None], count: int, sync: Callable[[], None]
+) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """Wall ms per step and GPU kernel ms per step by kind, of ``count`` steps; and the kernels
+    that take the most GPU time (``_bench.top_kernels``)."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
@@ -70,7 +74,9 @@ def kernel_time(run: Callable[[], None], count: int, sync: Callable[[], None]) -
         run()
         sync()
         wall = time.perf_counter() - begin
-    return {"wall": round(1000 * wall / count, 3), **_bench.gpu_ms_by_kind(prof.events(), count)}
+    events = prof.events()
+    by_kind = {"wall": round(1000 * wall / count, 3), **_bench.gpu_ms_by_kind(events, count)}
+    return by_kind, _bench.top_kernels(events, count)
 
 
 def python_time(run: Callable[[], None], count: int, sync: Callable[[], None]) -> dict[str, Any]:

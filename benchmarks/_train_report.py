@@ -55,6 +55,7 @@ def markdown(report: dict[str, Any]) -> str:
     if report.get("pipe_analysis"):
         lines += pipe_markdown(report["pipe_analysis"])
     lines += gpu_time_markdown(report["results"])
+    lines += top_kernels_markdown(report["results"])
     lines += host_time_markdown(report["results"])
     if any("root" in (r.get("modifiers") or []) for r in report["results"]):
         lines += [
@@ -265,6 +266,27 @@ def gpu_time_markdown(rows: list[dict[str, Any]]) -> list[str]:
         cells += [f"{ms.get(k, 0.0):.1f}" for k in kinds]
         cells += ["–" if rates.get(k) is None else f"{rates[k]:.0f}" for k in ("gemm", "attention")]
         lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def top_kernels_markdown(rows: list[dict[str, Any]]) -> list[str]:
+    """The ``--profile-steps`` section's second part: each profiled run's costliest kernels."""
+    profiled = [r for r in rows if r.get("top_kernels")]
+    if not profiled:
+        return []
+    lines = ["", "## The kernels that take the most GPU time (profiled steps)"]
+    for r in profiled:
+        lines += [
+            "",
+            f"**{r['shape']} `{r['config']}`, batch {r['batch_size']}, world {r['world_size']}**",
+            "",
+            "| kernel | kind | ms per step | launches per step |",
+            "|---|---|---:|---:|",
+        ]
+        lines += [
+            f"| `{k['name']}` | {k['kind']} | {k['ms']:.2f} | {k['calls']:g} |"
+            for k in r["top_kernels"]
+        ]
     return lines
 
 

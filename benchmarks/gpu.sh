@@ -26,7 +26,7 @@
 #@ checkpoint-1.5b | 1 | 380 | a checkpoint's visible cost in the loop against its background write time, GPT-2 1.5B (the main job's command, 150 steps): the default engine's rank files, then fsdp2's DCP
 #@ tests | 1 | 120 | GPU-only tests pass (compiled loss, packed batches on a GPU, fp16 overflow in every engine)
 #@ e2e | 1 | 330 | the whole flow: tango run configs/gpt2_piqa.jsonnet with every engine on the visible GPUs (pipe on a Llama shape), and a command's fixed cost
-#@ train-synthetic-124m | 1 | 240 | MFU >= 30 % at GPT-2 124M; sharded engines >= 1.3x ddp bf16 autocast (124M)
+#@ train-synthetic-124m | 1 | 240 | MFU >= 30 % at GPT-2 124M (3 steps profiled: kernels by kind, the costliest kernels); sharded engines >= 1.3x ddp bf16 autocast (124M)
 #@ train-synthetic-1.5b | 1 | 400 | MFU >= 45 % at GPT-2 1.5B; FairScale within 10 % of FSDP2; sharded engines >= 1.3x ddp bf16 (1.5B)
 #@ train-piqa | 1 | 300 | FairScale bf16 on PIQA batches of 16 per GPU against DDP fp32 (packed steps on one GPU replayed from CUDA graphs, as the main job trains): the default units >= 1.5x its tokens/s at <= 0.5x its memory, with checkpointing >= 1.0x at <= 0.35x
 #@ profile | 1 | 330 | where short PIQA steps' time goes: GPU kernels by kind and Python functions (124M and 1.5B)
@@ -163,7 +163,7 @@ suite_e2e() {  # results.txt (the runs x metrics table), curves.png; E2E_DEVICES
 }
 
 suite_train_synthetic_124m() {  # seq 1024 batch 64, 25 warm-up steps: the compiled steady state
-  train_speed "$BUDGET" --world-size 1 --batch-size 124m=64 --warmup 25 --steps 15 \
+  train_speed "$BUDGET" --world-size 1 --batch-size 124m=64 --warmup 25 --steps 15 --profile-steps 3 \
     --plan 124m:ddp-bf16,ddp-bf16-compile-fused,fairscale-bf16-compile-fused,fsdp2-bf16-compile-fused \
     --compare-to ddp-bf16 --target '' --config-timeout 90 \
     --out "$DIR/train_speed_synth_124m.json"

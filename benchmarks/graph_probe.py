@@ -518,7 +518,7 @@ def timing_run(name: str, args: argparse.Namespace, data: dict[str, Any], device
             for index in range(first, total):
                 stepper.step(index, losses)
 
-        gpu = kernel_time(run, args.profile_steps, lambda: sync(device))
+        gpu, _ = kernel_time(run, args.profile_steps, lambda: sync(device))
     else:
         for index in range(first, total):
             stepper.step(index, losses)
