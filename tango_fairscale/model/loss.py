@@ -3,7 +3,6 @@ scored, in chunks, with the gradients computed in the forward (no logits stored)
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -12,6 +11,7 @@ import torch.nn.functional as F
 
 from ..data.batches import IGNORE_INDEX
 from ..runtime.devices import to_device
+from .cross_entropy import chunk_cross_entropy, compiled_chunk_cross_entropy
 from .projection import aligned_projection
 
 #: Rows of logits computed at once (a 4096 × 50257 fp32 chunk is 0.8 GB).
@@ -230,7 +230,7 @@ class _ScoredCrossEntropy(torch.autograd.Function):
         grad_weight = weight.new_zeros(vocab, width, dtype=torch.float32) if need_weight else None
         grad_bias = weight.new_zeros(vocab, dtype=torch.float32) if need_bias else None
         compiled = device_type == "cuda" and n >= COMPILED_LOSS_MIN_ROWS
-        chunk_cross_entropy = _compiled_chunk_cross_entropy() if compiled else _chunk_cross_entropy
+        cross_entropy = compiled_chunk_cross_entropy() if compiled else chunk_cross_entropy
         fp32_out = not compiled and dtype != torch.float32  # compiled, the cast fuses into it
         with torch.autocast(device_type, enabled=False):
             compute_weight = weight.to(dtype)
@@ -240,7 +240,7 @@ class _ScoredCrossEntropy(torch.autograd.Function):
             for start in range(0, n, chunk_rows):
                 end = min(start + chunk_rows, n)
                 chunk = hidden[start:end].to(dtype)
-                token_nll[start:end], grad_logits, chunk_grad_bias = chunk_cross_entropy(
+                token_nll[start:end], grad_logits, chunk_grad_bias = cross_entropy(
                     _project(chunk, compute_weight, compute_bias, fp32_out),
                     targets[start:end],
                     token_weights[start:end],
@@ -254,7 +254,7 @@ class _ScoredCrossEntropy(torch.autograd.Function):
                 if grad_hidden is not None:
                     grad_hidden[start:end] = grad_logits @ projection
                 if grad_weight is not None:
-                    grad_weight += grad_logits.T @ chunk.to(grad_dtype)
+                    add_product(grad_weight, grad_logits.T, chunk.to(grad_dtype))
         ctx.grads = (grad_hidden, grad_weight, grad_bias)
         ctx.rows = rows
         ctx.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
@@ -289,6 +289,18 @@ class _ScoredCrossEntropy(torch.autograd.Function):
         )
 
 
+def add_product(total: torch.Tensor, left: torch.Tensor, right: torch.Tensor) -> None:
+    """``total += left @ right`` for an fp32 ``total``. On a GPU the GEMM adds its product to
+    ``total`` as it writes it (no product tensor, no pass adding it), and products of bf16 or
+    fp16 matrices are added in fp32 (not rounded to their dtype first)."""
+    if not total.is_cuda:
+        total += left @ right
+    elif left.dtype == torch.float32:
+        total.addmm_(left, right)
+    else:
+        torch.addmm(total, left, right, out_dtype=torch.float32, out=total)
+
+
 def _compute_dtype(hidden: torch.Tensor) -> torch.dtype:
     """The dtype the projection computes in: autocast's, else ``hidden``'s."""
     device_type = hidden.device.type
@@ -306,45 +318,3 @@ def _project(
     if bias is None:
         return torch.mm(hidden, weight.T, out_dtype=torch.float32)
     return torch.addmm(bias.float(), hidden, weight.T, out_dtype=torch.float32)
-
-
-def _chunk_cross_entropy(
-    logits: torch.Tensor,
-    targets: torch.Tensor,
-    token_weights: torch.Tensor,
-    grad_dtype: torch.dtype,
-    need_bias: bool,
-    scale: float = 1.0,
-    softcap: float | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Cross-entropy of each row of ``logits`` ``(N, V)`` (after :class:`LogitTransform`'s
-    ``scale`` and ``softcap``) against ``targets`` ``(N,)`` in fp32, and
-    ``d sum(token_weights * nll) / d logits`` (``grad_dtype``) and, if ``need_bias``, its fp32
-    sum over rows."""
-    logits = logits.float()
-    if scale != 1.0:
-        logits = logits * scale
-    capped = None
-    if softcap is not None:
-        capped = torch.tanh(logits / softcap)
-        logits = capped * softcap
-    targets = targets[:, None]
-    log_normalizer = torch.logsumexp(logits, dim=-1, keepdim=True)
-    nll = (log_normalizer - logits.gather(1, targets))[:, 0]
-    # d (weight_t * nll_t) / d logits_t = weight_t * (softmax_t - onehot_t), computed in place.
-    grad_logits = logits.sub_(log_normalizer).exp_()
-    grad_logits.scatter_add_(1, targets, grad_logits.new_full(targets.shape, -1.0))
-    grad_logits.mul_(token_weights[:, None])
-    if capped is not None:  # through cap * tanh(z / cap): times 1 - tanh²
-        grad_logits.mul_(1 - capped.square())
-    if scale != 1.0:
-        grad_logits.mul_(scale)
-    grad_bias = grad_logits.sum(dim=0) if need_bias else None
-    return nll, grad_logits.to(grad_dtype), grad_bias
-
-
-@functools.cache
-def _compiled_chunk_cross_entropy() -> Any:
-    """:func:`_chunk_cross_entropy` under ``torch.compile`` (``TORCH_COMPILE_DISABLE=1``: eager),
-    for any row count from the first call (else the second step's count compiles it again)."""
-    return torch.compile(_chunk_cross_entropy, dynamic=True)

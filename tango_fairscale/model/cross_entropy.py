@@ -1,0 +1,65 @@
+"""A chunk of logits' cross-entropy against its targets and its gradient, eager or compiled (the
+scored-position loss, :mod:`.loss`, runs it chunk by chunk)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+
+def chunk_cross_entropy(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    token_weights: torch.Tensor,
+    grad_dtype: torch.dtype,
+    need_bias: bool,
+    scale: float = 1.0,
+    softcap: float | None = None,
+    out_of_place: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Cross-entropy of each row of ``logits`` ``(N, V)`` (after :class:`~.loss.LogitTransform`'s
+    ``scale`` and ``softcap``) against ``targets`` ``(N,)`` in fp32, and
+    ``d sum(token_weights * nll) / d logits`` (``grad_dtype``) and, if ``need_bias``, its fp32
+    sum over rows.
+
+    Eagerly the gradient is made in place over the logits, with a scatter at the targets: no
+    second ``(N, V)`` tensor. ``out_of_place`` (the compiled loss) writes the same arithmetic as
+    one expression instead, the targets picked by comparing column indices, which
+    ``torch.compile`` turns into one kernel that writes the gradient once (compiled, the scatter
+    makes it write fp32 gradients and read them again to weigh them). Both give the same bits."""
+    logits = logits.float()
+    if scale != 1.0:
+        logits = logits * scale
+    capped = None
+    if softcap is not None:
+        capped = torch.tanh(logits / softcap)
+        logits = capped * softcap
+    targets = targets[:, None]
+    log_normalizer = torch.logsumexp(logits, dim=-1, keepdim=True)
+    nll = (log_normalizer - logits.gather(1, targets))[:, 0]
+    # d (weight_t * nll_t) / d logits_t = weight_t * (softmax_t - onehot_t).
+    if out_of_place:
+        softmax = (logits - log_normalizer).exp()
+        columns = torch.arange(logits.shape[1], device=logits.device)
+        grad_logits = torch.where(columns == targets, softmax - 1.0, softmax)
+        grad_logits = grad_logits * token_weights[:, None]
+    else:
+        grad_logits = logits.sub_(log_normalizer).exp_()
+        grad_logits.scatter_add_(1, targets, grad_logits.new_full(targets.shape, -1.0))
+        grad_logits.mul_(token_weights[:, None])
+    if capped is not None:  # through cap * tanh(z / cap): times 1 - tanh²
+        grad_logits.mul_(1 - capped.square())
+    if scale != 1.0:
+        grad_logits.mul_(scale)
+    grad_bias = grad_logits.sum(dim=0) if need_bias else None
+    return nll, grad_logits.to(grad_dtype), grad_bias
+
+
+@functools.cache
+def compiled_chunk_cross_entropy() -> Any:
+    """:func:`chunk_cross_entropy`, out of place, under ``torch.compile``
+    (``TORCH_COMPILE_DISABLE=1``: eager), for any row count from the first call (else the second
+    step's count compiles it again)."""
+    return torch.compile(functools.partial(chunk_cross_entropy, out_of_place=True), dynamic=True)
