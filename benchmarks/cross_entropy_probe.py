@@ -8,7 +8,7 @@ compiled, steps of 4,096 scored tokens or more; 256 rows: the graphed PIQA steps
 median GPU milliseconds of:
 
 * the cross-entropy and gradient: eager (in place, a scatter at the targets), compiled in place
-  (the package's compiled form until the out-of-place one) and compiled out of place, with the
+  and compiled out of place (the package's compiled form), with the
   largest difference of each form's outputs from the compiled in-place form's;
 * the weight gradient's accumulation: ``total += left @ right`` against
   ``model.loss.add_product`` (the GEMM adds in its epilogue), with each one's largest error

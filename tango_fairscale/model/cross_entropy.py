@@ -37,18 +37,25 @@ def chunk_cross_entropy(
         capped = torch.tanh(logits / softcap)
         logits = capped * softcap
     targets = targets[:, None]
-    log_normalizer = torch.logsumexp(logits, dim=-1, keepdim=True)
-    nll = (log_normalizer - logits.gather(1, targets))[:, 0]
+    # softmax = exp(z - max) / sum(exp(z - max)), written as torch.compile recognises it: it
+    # then finds the maximum and the sum in one pass over the logits (an "online softmax").
+    row_max = logits.amax(dim=-1, keepdim=True)
+    picked = logits.gather(1, targets)
     # d (weight_t * nll_t) / d logits_t = weight_t * (softmax_t - onehot_t).
     if out_of_place:
-        softmax = (logits - log_normalizer).exp()
+        exp = (logits - row_max).exp()
+        total = exp.sum(dim=-1, keepdim=True)
+        softmax = exp / total
         columns = torch.arange(logits.shape[1], device=logits.device)
         grad_logits = torch.where(columns == targets, softmax - 1.0, softmax)
         grad_logits = grad_logits * token_weights[:, None]
     else:
-        grad_logits = logits.sub_(log_normalizer).exp_()
+        exp = logits.sub_(row_max).exp_()
+        total = exp.sum(dim=-1, keepdim=True)
+        grad_logits = exp.div_(total)
         grad_logits.scatter_add_(1, targets, grad_logits.new_full(targets.shape, -1.0))
         grad_logits.mul_(token_weights[:, None])
+    nll = (row_max + total.log() - picked)[:, 0]
     if capped is not None:  # through cap * tanh(z / cap): times 1 - tanh²
         grad_logits.mul_(1 - capped.square())
     if scale != 1.0:
