@@ -3,6 +3,7 @@ scored, in chunks, with the gradients computed in the forward (no logits stored)
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -85,7 +86,7 @@ def scored_row_nll(
         rows = groups.flatten().index_select(0, positions.to(groups.device)).to(positions.device)
         num_tokens = torch.bincount(rows, minlength=num_groups)
     token_weights = (1.0 / num_tokens.clamp(min=1).float()).index_select(0, rows)
-    weight, bias = aligned_projection(head)
+    weight, bias = head_parameters(head)
     tokens = ScoredTokens(
         to_device(targets.flatten().index_select(0, positions), device),
         to_device(token_weights, device),
@@ -117,7 +118,7 @@ def weighted_nll_sum(
     ``targets`` ``(N,)`` (``-100`` where the weight is 0), through :class:`_ScoredCrossEntropy`
     ``chunk_rows`` positions at a time: static shapes and no host reads (a CUDA graph can hold
     it), gradients computed in the forward, so no logits are kept for the backward."""
-    weight, bias = aligned_projection(head)
+    weight, bias = head_parameters(head)
     tokens = ScoredTokens(
         torch.where(targets == IGNORE_INDEX, 0, targets),  # weighs 0 there: any target serves
         token_weights,
@@ -126,6 +127,13 @@ def weighted_nll_sum(
     )
     total, _ = _ScoredCrossEntropy.apply(hidden, weight, bias, tokens, transform, chunk_rows)
     return total[0]
+
+
+def head_parameters(head: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The linear ``head``'s weight and bias (``None`` without one)."""
+    weight, bias = head.weight, getattr(head, "bias", None)
+    assert isinstance(weight, torch.Tensor)
+    return weight, bias
 
 
 def loss_outputs(
@@ -169,8 +177,7 @@ def _score(
     token_nll = torch.empty(n, dtype=torch.float32, device=hidden.device)
     token_missed = torch.empty(n, dtype=torch.float32, device=hidden.device)
     with torch.autocast(device_type, enabled=False):
-        compute_weight = weight.to(dtype)
-        compute_bias = None if bias is None else bias.to(dtype)
+        compute_weight, compute_bias = aligned_projection(weight, bias, dtype)
         for start in range(0, n, chunk_rows):
             end = min(start + chunk_rows, n)
             chunk = hidden[start:end].to(dtype)
@@ -224,19 +231,21 @@ class _ScoredCrossEntropy(torch.autograd.Function):
         dtype = _compute_dtype(hidden)
         grad_dtype = torch.float32 if dtype == torch.float16 else dtype
         n, width = hidden.shape
-        vocab = weight.shape[0]
+        compute_weight, compute_bias = aligned_projection(weight, bias, dtype)
+        # The compute-dtype copy serves the gradient products too, unless those run in fp32.
+        projection = compute_weight
+        if grad_dtype != dtype:
+            projection = aligned_projection(weight, None, grad_dtype)[0]
         token_nll = torch.empty(n, dtype=torch.float32, device=hidden.device)
         grad_hidden = hidden.new_empty(n, width, dtype=torch.float32) if need_hidden else None
-        grad_weight = weight.new_zeros(vocab, width, dtype=torch.float32) if need_weight else None
-        grad_bias = weight.new_zeros(vocab, dtype=torch.float32) if need_bias else None
+        # Over the padded vocabulary (aligned GEMMs); the backward returns the real rows'.
+        zeros = functools.partial(hidden.new_zeros, dtype=torch.float32)
+        grad_weight = zeros(len(compute_weight), width) if need_weight else None
+        grad_bias = zeros(len(compute_weight)) if need_bias else None
         compiled = device_type == "cuda" and n >= COMPILED_LOSS_MIN_ROWS
         cross_entropy = compiled_chunk_cross_entropy() if compiled else chunk_cross_entropy
         fp32_out = not compiled and dtype != torch.float32  # compiled, the cast fuses into it
         with torch.autocast(device_type, enabled=False):
-            compute_weight = weight.to(dtype)
-            compute_bias = None if bias is None else bias.to(dtype)
-            # The compute-dtype copy serves the gradient products too, unless those run in fp32.
-            projection = compute_weight if grad_dtype == dtype else weight.to(grad_dtype)
             for start in range(0, n, chunk_rows):
                 end = min(start + chunk_rows, n)
                 chunk = hidden[start:end].to(dtype)
@@ -255,7 +264,8 @@ class _ScoredCrossEntropy(torch.autograd.Function):
                     grad_hidden[start:end] = grad_logits @ projection
                 if grad_weight is not None:
                     add_product(grad_weight, grad_logits.T, chunk.to(grad_dtype))
-        ctx.grads = (grad_hidden, grad_weight, grad_bias)
+        real = slice(len(weight))
+        ctx.grads = (grad_hidden, *(g if g is None else g[real] for g in (grad_weight, grad_bias)))
         ctx.rows = rows
         ctx.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
         row_nll = row_sums(token_nll, rows, num_rows)
