@@ -192,6 +192,14 @@ def scoring_events_figure(data: dict[str, Any]) -> str:
     return "; ".join(parts) or "no pass measured"
 
 
+def cross_entropy_probe_figure(data: dict[str, Any]) -> str:
+    parts = [
+        f"{r['rows']} rows {r['form']} {r['ms']:.2f} ms"
+        for r in data.get("cross_entropy", []) + data.get("accumulation", [])
+    ]
+    return "; ".join(parts) or "no form measured"
+
+
 FIGURES = {
     "main_job": main_job_figure,
     "train_speed": train_speed_figure,
@@ -204,6 +212,7 @@ FIGURES = {
     "torch_train_speed": torch_train_speed_figure,
     "graph_probe": graph_probe_figure,
     "scoring_events": scoring_events_figure,
+    "cross_entropy_probe": cross_entropy_probe_figure,
 }
 
 

@@ -122,7 +122,10 @@ def main() -> None:
     parser.add_argument("--commit", default=None)
     args = parser.parse_args()
     generator = torch.Generator().manual_seed(0)
-    report: dict[str, Any] = {"environment": _bench.environment(args.commit)}
+    report: dict[str, Any] = {
+        "benchmark": "cross_entropy_probe",
+        "environment": _bench.environment(args.commit),
+    }
     report["cross_entropy"] = [r for rows in ROWS for r in cross_entropy_rows(rows, generator)]
     report["accumulation"] = [r for rows in ROWS for r in accumulation_rows(rows, generator)]
     for row in report["cross_entropy"] + report["accumulation"]:
