@@ -286,32 +286,36 @@ def kernel_kind(name: str) -> str:
     return next((kind for kind, marks in KERNEL_KINDS if any(m in lowered for m in marks)), "other")
 
 
-def gpu_ms_by_kind(events: Any, steps: int) -> dict[str, float]:
-    """Summed GPU kernel time per step (ms) by :func:`kernel_kind`, and ``busy`` (all kernels),
-    from a ``torch.profiler.profile(...).events()`` list covering ``steps`` steps."""
+def kernel_totals(events: Any) -> dict[str, tuple[float, int]]:
+    """Each GPU kernel's summed time (us) and launches, by name, from a
+    ``torch.profiler.profile(...).events()`` list."""
     from torch.autograd import DeviceType
 
-    totals = dict.fromkeys(KERNEL_KIND_NAMES, 0.0)
+    totals: dict[str, tuple[float, int]] = {}
     for event in events:
         if event.device_type == DeviceType.CUDA:
-            totals[kernel_kind(event.name)] += event.time_range.elapsed_us()
-    per_step = {kind: round(us / 1000 / steps, 3) for kind, us in totals.items()}
-    per_step["busy"] = round(sum(totals.values()) / 1000 / steps, 3)
+            us, calls = totals.get(event.name, (0.0, 0))
+            totals[event.name] = (us + event.time_range.elapsed_us(), calls + 1)
+    return totals
+
+
+def gpu_ms_by_kind(totals: dict[str, tuple[float, int]], steps: int) -> dict[str, float]:
+    """Summed GPU kernel time per step (ms) by :func:`kernel_kind`, and ``busy`` (all kernels),
+    from :func:`kernel_totals` of events covering ``steps`` steps."""
+    by_kind = dict.fromkeys(KERNEL_KIND_NAMES, 0.0)
+    for name, (us, _) in totals.items():
+        by_kind[kernel_kind(name)] += us
+    per_step = {kind: round(us / 1000 / steps, 3) for kind, us in by_kind.items()}
+    per_step["busy"] = round(sum(by_kind.values()) / 1000 / steps, 3)
     return per_step
 
 
-def top_kernels(events: Any, steps: int, count: int = TOP_KERNELS) -> list[dict[str, Any]]:
-    """The ``count`` GPU kernels that take the most time: per kernel name (cut to 120
-    characters), its kind, GPU ms and launches per step, from the same event list as
-    :func:`gpu_ms_by_kind`."""
-    from torch.autograd import DeviceType
-
-    totals: dict[str, list[float]] = {}
-    for event in events:
-        if event.device_type == DeviceType.CUDA:
-            entry = totals.setdefault(event.name, [0.0, 0])
-            entry[0] += event.time_range.elapsed_us()
-            entry[1] += 1
+def top_kernels(
+    totals: dict[str, tuple[float, int]], steps: int, count: int = TOP_KERNELS
+) -> list[dict[str, Any]]:
+    """The ``count`` GPU kernels that take the most time (:func:`kernel_totals` of events
+    covering ``steps`` steps): each one's name (cut to 120 characters), kind, GPU ms and
+    launches per step."""
     ranked = sorted(totals.items(), key=lambda item: -item[1][0])[:count]
     return [
         {

@@ -74,9 +74,9 @@ def kernel_time(
         run()
         sync()
         wall = time.perf_counter() - begin
-    events = prof.events()
-    by_kind = {"wall": round(1000 * wall / count, 3), **_bench.gpu_ms_by_kind(events, count)}
-    return by_kind, _bench.top_kernels(events, count)
+    totals = _bench.kernel_totals(prof.events())
+    by_kind = {"wall": round(1000 * wall / count, 3), **_bench.gpu_ms_by_kind(totals, count)}
+    return by_kind, _bench.top_kernels(totals, count)
 
 
 def python_time(run: Callable[[], None], count: int, sync: Callable[[], None]) -> dict[str, Any]:
