@@ -29,6 +29,7 @@ from ..records.checkpoints import Identity, run_id
 from ..runtime.devices import move_batch
 from ..runtime.process_group import join_process_group
 from . import consolidate
+from .backward_step import BackwardStep
 from .graphs import GraphedSteps
 from .precision import PRECISIONS, LossScaling, resolve_precision
 from .sharding import ShardingConfig
@@ -81,9 +82,14 @@ class Engine(TrainingEngine):
         self.loss_scaling = LossScaling(scaler)
         self.checkpoint_format = strategy.checkpoint_format()
         #: Steps replayed from CUDA graphs (:mod:`.graphs`) where they can be: the bare model on
-        #: one GPU, no fp16 loss scaling, no compiled units.
-        replays = self._replays()
-        self.graphs = GraphedSteps(self.wrapped_model, self.precision) if replays else None
+        #: one GPU, no fp16 loss scaling, no compiled units; their optimizer updates inside the
+        #: backward where they train alike (:mod:`.backward_step`), freeing the gradients.
+        self.graphs = None
+        if self._replays():
+            clips, accumulates = max_grad_norm is not None, train_config.grad_accum
+            in_backward = BackwardStep.applies(self.optimizer, clips, accumulates)
+            steps = BackwardStep(self.optimizer) if in_backward else None
+            self.graphs = GraphedSteps(self.wrapped_model, self.precision, steps)
 
     @classmethod
     def check_config(cls, fields: dict[str, Any], world_size: int) -> None:
@@ -219,13 +225,16 @@ class Engine(TrainingEngine):
         return self.strategy.clip_grad_norm(self.model, self.max_grad_norm)
 
     def step(self) -> None:
-        self.strategy.optimizer_step(
-            lambda: self.loss_scaling.optimizer_step(self.optimizer, self.clip_grad_norm)
-        )
+        if self.graphs is not None and self.graphs.stepped:  # updated inside the backward
+            self.graphs.stepped = False
+        else:
+            self.strategy.optimizer_step(
+                lambda: self.loss_scaling.optimizer_step(self.optimizer, self.clip_grad_norm)
+            )
         # Gradients are not needed again before the next step's first backward: free them now
         # (less memory in validation; FairScale leaves sharded gradients on gathered parameters,
         # which a compiled unit's next forward would refuse) unless a graph writes into them.
-        if self.graphs is None:
+        if self.graphs is None or self.graphs.backward_step is not None:
             self.optimizer.zero_grad(set_to_none=True)
         if self.lr_scheduler is not None:
             self.lr_scheduler.step()

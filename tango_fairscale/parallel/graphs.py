@@ -14,13 +14,16 @@ logits are kept for the backward, and projects :data:`BUCKET_TOKENS` positions a
 whole row's logits at once held ~10 bytes per token and vocabulary entry). The graph holds the
 forward and the backward into gradient tensors that stay allocated and accumulate (a step of
 several micro-batches replays one graph each, its gradients zeroed first); clipping and the
-optimizer step run after it as usual (a fused AdamW is one launch). Each length is captured the
+optimizer step run after it as usual (a fused AdamW is one launch) — or, where the update can
+run inside the backward (:mod:`.backward_step`: a fused Adam, no clipping, one micro-batch), the
+graph holds each parameter's update and no gradient outlives it. Each length is captured the
 first time a step meets it, after a few warm-up passes on a side stream; dropout draws from the
 graph-safe CUDA generator.
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -29,6 +32,7 @@ from ..data.batches import IGNORE_INDEX
 from ..model.causal_lm import ModelWrapper
 from ..model.loss import weighted_nll_sum
 from ..runtime.devices import pinned_for
+from .backward_step import BackwardStep
 from .precision import Precision
 
 #: A graphed step's row is padded up to a multiple of this many tokens (one graph per length).
@@ -81,11 +85,19 @@ class CaptureFailed(RuntimeError):
 
 class GraphedSteps:
     """Forward and backward of ``model`` (bare, on one GPU) replayed from one CUDA graph per
-    bucket length, under ``precision``'s autocast (without its cache of cast weights)."""
+    bucket length, under ``precision``'s autocast (without its cache of cast weights); with
+    ``backward_step``, each parameter's optimizer update too."""
 
-    def __init__(self, model: ModelWrapper, precision: Precision) -> None:
+    def __init__(
+        self, model: ModelWrapper, precision: Precision, backward_step: BackwardStep | None = None
+    ) -> None:
         self.model = model
         self.precision = precision
+        self.backward_step = backward_step
+        #: Whether the last :meth:`forward_backward` updated the parameters (the engine's step
+        #: then only moves the learning rate on).
+        self.stepped = False
+        self._captured_settings: list[dict[str, Any]] | None = None
         self.device = next(model.parameters()).device
         self.parameters = [p for p in model.parameters() if p.requires_grad]
         self.loss = torch.zeros((), device=self.device)
@@ -109,6 +121,10 @@ class GraphedSteps:
         accumulated; the step's loss, a new tensor. A length met for the first time is captured
         before the step's first replay, so that no capture disturbs accumulated gradients."""
         hosts = [static_batch(batch, self.model.pad_token_id) for batch in batches]
+        if self.backward_step is not None:
+            if len(hosts) > 1:
+                raise ValueError("updates inside the backward take one micro-batch a step")
+            return self._step_in_backward(hosts[0], self.backward_step)
         for host in hosts:
             host["token_weights"] /= len(batches)
             length = host["input_ids"].shape[1]
@@ -124,6 +140,30 @@ class GraphedSteps:
             step_loss += self.loss
         return step_loss
 
+    def _step_in_backward(self, host: dict[str, torch.Tensor], steps: BackwardStep) -> torch.Tensor:
+        """One step of one micro-batch whose backward updates the parameters: eager while the
+        optimizer has no state yet (its first update makes it, outside any graph), else
+        replayed; new graphs where the optimizer's settings other than the learning rate
+        changed since the capture (a graph holds them)."""
+        if not steps.has_state():
+            with steps.stepping():
+                self._pass({key: value.to(self.device) for key, value in host.items()})
+            self.stepped = True
+            return self.loss.clone()
+        if steps.hyperparameters() != self._captured_settings:
+            self.graphs.clear()
+            self._captured_settings = steps.hyperparameters()
+        length = host["input_ids"].shape[1]
+        if length not in self.graphs:
+            self.graphs[length] = self._capture(host)
+        graph, inputs = self.graphs[length]
+        for key, value in host.items():
+            inputs[key].copy_(pinned_for(value, self.device), non_blocking=True)
+        steps.fill_learning_rates()
+        graph.replay()
+        self.stepped = True
+        return self.loss.clone()
+
     def _pass(self, inputs: dict[str, torch.Tensor]) -> None:
         """Forward and backward, the gradients accumulated into (a graph zeroes none)."""
         with self.precision.forward_context(self.device, cache_weights=False):
@@ -138,26 +178,34 @@ class GraphedSteps:
         """The graph of one length, its input tensors filled with ``host``; the gradients are
         left zero (the warm-up passes' and the capture's are cleared)."""
         inputs = {key: value.to(self.device) for key, value in host.items()}
-        for parameter in self.parameters:
-            if parameter.grad is None:  # allocated outside any graph's pool, kept
-                parameter.grad = torch.zeros_like(parameter)
+        steps = self.backward_step
+        if steps is None:
+            for parameter in self.parameters:
+                if parameter.grad is None:  # allocated outside any graph's pool, kept
+                    parameter.grad = torch.zeros_like(parameter)
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(self.stream):
+        dropped = steps.dropping() if steps else contextlib.nullcontext()
+        with torch.cuda.stream(self.stream), dropped:
             for _ in range(WARMUP_PASSES):
                 self._pass(inputs)
         torch.cuda.current_stream(self.device).wait_stream(self.stream)
         graph = torch.cuda.CUDAGraph()
+        updates = steps.stepping(lr_tensors=True) if steps else contextlib.nullcontext()
         # Threads of the checkpoint writer call CUDA meanwhile (pinning host memory, waiting
         # for a copy): only this thread's calls must not interrupt the capture.
         try:
-            with torch.cuda.graph(
-                graph, pool=self.pool, stream=self.stream, capture_error_mode="thread_local"
+            with (
+                updates,
+                torch.cuda.graph(
+                    graph, pool=self.pool, stream=self.stream, capture_error_mode="thread_local"
+                ),
             ):
                 self._pass(inputs)
         except RuntimeError as error:  # the warm-up passes ran: the step itself works eagerly
             raise CaptureFailed(str(error).strip().splitlines()[0]) from error
-        with torch.no_grad():
-            for parameter in self.parameters:
-                assert parameter.grad is not None
-                parameter.grad.zero_()
+        if steps is None:
+            with torch.no_grad():
+                for parameter in self.parameters:
+                    assert parameter.grad is not None
+                    parameter.grad.zero_()
         return graph, inputs

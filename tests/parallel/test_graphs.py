@@ -172,6 +172,45 @@ def test_replayed_accumulation_follows_the_eager_steps(
 
 
 @GPU
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_updates_inside_the_replayed_backward_train_as_the_step_after_it(
+    precision, packed_batches, tiny_model_dir, tmp_path
+) -> None:
+    """Without clipping, a fused AdamW updates each parameter inside the graph's backward and
+    holds no gradient after it; losses and weights are those of the graphs whose step follows
+    the backward, through a warmup schedule (binary fractions of a binary learning rate: the
+    graph reads it as float32) and a weight decay changed mid-run (new graphs)."""
+    settings = {
+        "precision": precision,
+        "max_grad_norm": None,
+        "optimizer": {"type": "torch::AdamW", "lr": 2**-10, "weight_decay": 0.1},
+        "lr_scheduler": {"type": "tango_fairscale::warmup", "warmup_steps": 3},
+    }
+    inside = build("tango_fairscale::ddp", tiny_model_dir, tmp_path / "i", **settings)
+    after = build("tango_fairscale::ddp", tiny_model_dir, tmp_path / "a", **settings)
+    assert inside.graphs.backward_step is not None
+    after.graphs.backward_step = None  # its hooks stay idle
+    found = [losses(inside, packed_batches, 6), losses(after, packed_batches, 6)]
+    for engine in (inside, after):
+        engine.optimizer.param_groups[0]["weight_decay"] = 0.05
+    found = [
+        a + b
+        for a, b in zip(
+            found, (losses(inside, packed_batches, 4), losses(after, packed_batches, 4))
+        )
+    ]
+    differences = [
+        (name, (ours - theirs).abs().max().item())
+        for (name, ours), theirs in zip(
+            inside.model.named_parameters(), after.model.parameters(), strict=True
+        )
+    ]
+    assert found[0] == found[1] and all(d == 0 for _, d in differences), (found, differences)
+    assert all(p.grad is None for p in inside.model.parameters())
+    assert len(inside.graphs.graphs) >= 1 and found[0][-1] < found[0][0]
+
+
+@GPU
 def test_a_sharded_engine_trains_the_bare_model_on_one_gpu(tiny_model_dir, tmp_path) -> None:
     import torch.distributed as dist
 
