@@ -184,6 +184,8 @@ def summarize(
         row["top_kernels"] = main["top_kernels"]
     if main.get("host_profile"):
         row["host_profile"] = main["host_profile"]
+    if main.get("memory_at_peak"):
+        row["memory_at_peak"] = main["memory_at_peak"]
     if "peak_allocated" in main:
         row.update(memory_row(main, ranks))
     if "gpu_info" in main:

@@ -57,6 +57,7 @@ def markdown(report: dict[str, Any]) -> str:
     lines += gpu_time_markdown(report["results"])
     lines += top_kernels_markdown(report["results"])
     lines += host_time_markdown(report["results"])
+    lines += memory_peak_markdown(report["results"])
     if any("root" in (r.get("modifiers") or []) for r in report["results"]):
         lines += [
             "",
@@ -318,6 +319,36 @@ def host_time_markdown(rows: list[dict[str, Any]]) -> list[str]:
                 f"| `{f['function']}` | {f['calls']:g} | {f['cumulative_ms']:.2f} "
                 f"| {f['own_ms']:.2f} |"
             )
+    return lines
+
+
+def memory_peak_markdown(rows: list[dict[str, Any]]) -> list[str]:
+    """The ``--memory-peak`` section: what each run's steps held at their peak."""
+    recorded = [r for r in rows if r.get("memory_at_peak")]
+    if not recorded:
+        return []
+    lines = [
+        "",
+        "## What the steps hold at their peak (`--memory-peak`)",
+        "",
+        "The allocator's history over the timed steps, replayed to the moment the most was "
+        "allocated: the baseline (weights, optimizer state, what the steps keep between them), "
+        "then what was alive on top of it, by the package line that allocated it.",
+    ]
+    for r in recorded:
+        peak = r["memory_at_peak"]
+        lines += [
+            "",
+            f"### {r['config']} (world {r['world_size']}): peak {fmt(peak['peak_gib'])} GiB = "
+            f"baseline {fmt(peak['baseline_gib'])} + {fmt(peak['added_at_peak_gib'])} GiB; "
+            f"the peak's allocation: `{peak['peak_made_by']}`",
+            "",
+            "| allocated by | MiB | tensors |",
+            "|---|---|---|",
+        ]
+        lines += [
+            f"| `{g['where']}` | {fmt(g['mib'])} | {g['tensors']} |" for g in peak["alive_at_peak"]
+        ]
     return lines
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import _bench
+import _memory_peak
 import _piqa
 import _train_configs
 import _train_profile
@@ -93,7 +94,10 @@ def measure(rank: int, spec: dict[str, Any], result_dir: Path) -> dict[str, Any]
         dist.barrier()
 
     n_steps = spec["warmup"] + spec["steps"]
+    recording = bool(spec.get("memory_peak")) and bool(cuda_devices)
+    baseline = _memory_peak.start() if recording else 0
     times, losses, tokens = timed_steps(engine, batch_for, n_steps, sync)
+    peak_breakdown = _memory_peak.breakdown(baseline) if recording else None
     result: dict[str, Any] = {
         "step_times_s": [round(t, 5) for t in times],
         "losses": losses,
@@ -105,6 +109,7 @@ def measure(rank: int, spec: dict[str, Any], result_dir: Path) -> dict[str, Any]
         "graphed_lengths": sorted(engine.graphs.graphs) if engine.graphs is not None else [],
         "device": str(device),
         "devices": [str(d) for d in devices],
+        "memory_at_peak": peak_breakdown,
     }
     profiled = _train_profile.profile(engine, batch_for, n_steps, sync, rank, spec)
     result.update(profiled)

@@ -29,6 +29,7 @@
 #@ train-synthetic-124m | 1 | 240 | MFU >= 30 % at GPT-2 124M (3 steps profiled: kernels by kind, the costliest kernels); sharded engines >= 1.3x ddp bf16 autocast (124M)
 #@ train-synthetic-1.5b | 1 | 400 | MFU >= 45 % at GPT-2 1.5B; FairScale within 10 % of FSDP2; sharded engines >= 1.3x ddp bf16 (1.5B)
 #@ train-piqa | 1 | 300 | FairScale bf16 on PIQA batches of 16 per GPU against DDP fp32 (packed steps on one GPU replayed from CUDA graphs, as the main job trains): the default units >= 1.5x its tokens/s at <= 0.5x its memory, with checkpointing >= 1.0x at <= 0.35x
+#@ memory-peak | 1 | 120 | what PIQA steps hold at their peak (124M, batches of 16): DDP fp32, FairScale bf16 packed, with checkpointing; the allocations alive at the peak by the line that made them
 #@ profile | 1 | 330 | where short PIQA steps' time goes: GPU kernels by kind and Python functions (124M and 1.5B)
 #@ eval | 1 | 150 | PIQA evaluation >= 20,000 queries/s (GPT-2 124M)
 #@ precision | 1 | 330 | bf16 / fp16 mixed precision: 300 steps, no NaN, final loss within 2 % of fp32
@@ -185,6 +186,14 @@ suite_train_piqa() {  # 124M, 16 PIQA examples per GPU (packed: as the configs t
     --compare-to ddp-fp32 --config-timeout 60 \
     --target fairscale-bf16-packed:1.5:0.5,fairscale-bf16:1.5:0.5,fairscale-bf16-ckpt-packed:1.0:0.35 \
     --out "$DIR/train_speed_piqa_124m_b16.json"
+}
+
+suite_memory_peak() {  # the train-piqa configurations' peaks taken apart (recording slows eager steps)
+  train_speed "$BUDGET" --data piqa --piqa "$PIQA" --world-size 1 --batch-size 16 \
+    --warmup 4 --steps 8 --memory-peak \
+    --plan 124m:ddp-fp32,fairscale-bf16-packed,fairscale-bf16-ckpt-packed \
+    --compare-to ddp-fp32 --target '' --config-timeout 60 \
+    --out "$DIR/train_speed_piqa_memory_peak.json"
 }
 
 suite_profile() {  # world size 1, PIQA batches of 16: 3 steps under torch.profiler, 3 under cProfile

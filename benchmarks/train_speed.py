@@ -152,6 +152,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "kernel time per step by kind (GEMM, attention, ...) in the JSON and a Markdown section",
     )
     parser.add_argument(
+        "--memory-peak",
+        action="store_true",
+        help="record the GPU allocator's history over the timed steps: the allocations alive at "
+        "the peak, by the package line that made them (slows eager steps: no speed figures)",
+    )
+    parser.add_argument(
         "--cprofile-steps",
         type=int,
         default=0,
@@ -273,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
                     "seed": args.seed,
                     "profile_steps": args.profile_steps,
                     "cprofile_steps": args.cprofile_steps,
+                    "memory_peak": args.memory_peak,
                     "tokenizer": tokenizer,
                     "init_device": args.init_device,
                     "cuda": cuda,
