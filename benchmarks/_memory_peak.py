@@ -9,6 +9,7 @@ its memory shows where it was captured, as it was allocated then.
 
 from __future__ import annotations
 
+import contextlib
 from collections import defaultdict
 from typing import Any
 
@@ -24,6 +25,18 @@ def start() -> int:
 
     torch.cuda.memory._record_memory_history(max_entries=MAX_ENTRIES, stacks="python")
     return torch.cuda.memory_allocated()
+
+
+def recordable(recording: bool) -> contextlib.AbstractContextManager[Any]:
+    """Where ``recording``: activation checkpoints recompute whole blocks. Their early stop
+    raises an exception through the recomputation, and a Python stack taken for an allocation
+    meanwhile loses it (torch 2.11: "run_backward returned NULL without setting an exception");
+    the memory a step holds is the same."""
+    if not recording:
+        return contextlib.nullcontext()
+    import torch.utils.checkpoint
+
+    return torch.utils.checkpoint.set_checkpoint_early_stop(False)
 
 
 def breakdown(baseline: int) -> dict[str, Any]:

@@ -96,7 +96,8 @@ def measure(rank: int, spec: dict[str, Any], result_dir: Path) -> dict[str, Any]
     n_steps = spec["warmup"] + spec["steps"]
     recording = bool(spec.get("memory_peak")) and bool(cuda_devices)
     baseline = _memory_peak.start() if recording else 0
-    times, losses, tokens = timed_steps(engine, batch_for, n_steps, sync)
+    with _memory_peak.recordable(recording):
+        times, losses, tokens = timed_steps(engine, batch_for, n_steps, sync)
     peak_breakdown = _memory_peak.breakdown(baseline) if recording else None
     result: dict[str, Any] = {
         "step_times_s": [round(t, 5) for t in times],

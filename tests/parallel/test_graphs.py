@@ -177,40 +177,47 @@ def test_updates_inside_the_replayed_backward_train_as_the_step_after_it(
     precision, packed_batches, tiny_model_dir, tmp_path
 ) -> None:
     """Without clipping, a fused AdamW updates each parameter inside the graph's backward and
-    holds no gradient after it. Both engines take the first step alike (eager, updates in the
-    backward: the optimizer's state is made outside any graph), then one replays graphs that
-    update inside, the other graphs whose step follows the backward: the same losses and
-    weights, bit for bit, through a warmup schedule (binary fractions of a binary learning rate:
-    the graph reads it as float32) and a weight decay changed mid-run (new graphs)."""
+    holds no gradient after it. Three engines take the first step alike (eager, updates in the
+    backward: the optimizer's state is made outside any graph); then one replays graphs that
+    update inside, two replay graphs whose step follows the backward, through a warmup schedule
+    and a weight decay changed mid-run (new graphs). The GPU's own run-to-run noise (atomic
+    sums: two runs of one path differ) bounds how far the graphed updates may be from the
+    step after the backward; a learning rate baked into a graph would be thousands of times
+    farther."""
     from tango_fairscale.train.loop import forward_backward
 
     settings = {
         "precision": precision,
         "max_grad_norm": None,
-        "optimizer": {"type": "torch::AdamW", "lr": 2**-10, "weight_decay": 0.1},
+        "optimizer": {"type": "torch::AdamW", "lr": 1e-3, "weight_decay": 0.1},
         "lr_scheduler": {"type": "tango_fairscale::warmup", "warmup_steps": 3},
     }
-    inside = build("tango_fairscale::ddp", tiny_model_dir, tmp_path / "i", **settings)
-    after = build("tango_fairscale::ddp", tiny_model_dir, tmp_path / "a", **settings)
-    assert inside.graphs.backward_step is not None and after.graphs.backward_step is not None
-    found: list[list[float]] = [[], []]
+    engines = [
+        build("tango_fairscale::ddp", tiny_model_dir, tmp_path / n, **settings) for n in "iat"
+    ]
+    inside, after, twin = engines
+    assert all(engine.graphs.backward_step is not None for engine in engines)
+    found: list[list[float]] = [[], [], []]
     for step in range(10):
         if step == 6:
-            for engine in (inside, after):
+            for engine in engines:
                 engine.optimizer.param_groups[0]["weight_decay"] = 0.05
-        for engine, engine_losses in zip((inside, after), found, strict=True):
+        for engine, engine_losses in zip(engines, found, strict=True):
             loss, _ = forward_backward(engine, [packed_batches[step % len(packed_batches)]])
             engine.step()
             engine_losses.append(loss.item())
-        after.graphs.backward_step = None  # from the second step: the step after the backward
-    differences = [
-        (name, (ours - theirs).abs().max().item())
-        for (name, ours), theirs in zip(
-            inside.model.named_parameters(), after.model.parameters(), strict=True
-        )
-    ]
-    assert found[0] == found[1], found
-    assert all(d == 0 for _, d in differences), [x for x in differences if x[1]]
+        for engine in (after, twin):  # from the second step: the step after the backward
+            engine.graphs.backward_step = None
+
+    def gap(a: Any, b: Any) -> float:
+        pairs = zip(a.model.parameters(), b.model.parameters(), strict=True)
+        return max((x - y).abs().mean().item() for x, y in pairs)
+
+    noise, apart = gap(after, twin), gap(inside, after)
+    assert apart <= 4 * noise + 1e-8, (apart, noise)
+    losses_apart = max(abs(x - y) for x, y in zip(found[0], found[1]))
+    losses_noise = max(abs(x - y) for x, y in zip(found[1], found[2]))
+    assert losses_apart <= 4 * losses_noise + 1e-6, (found, losses_apart, losses_noise)
     assert all(p.grad is None for p in inside.model.parameters())
     assert inside.graphs.graphs and found[0][-1] < found[0][0]
 
