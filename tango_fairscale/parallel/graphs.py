@@ -170,6 +170,8 @@ class GraphedSteps:
             loss = static_loss(self.model, inputs)
         with self.precision.attention_kernels(self.device):
             loss.backward()
+        if self.backward_step is not None:
+            self.backward_step.flush()  # the last bucket's update (a no-op unless stepping)
         self.loss.copy_(loss.detach())
 
     def _capture(

@@ -93,7 +93,7 @@ class TrainStep(Step[ModelWrapper]):
                         train_steps: 2000, batch_size: 16, runtime: {device_count: 2}}
     """
 
-    VERSION = "004"  # 004: on GPUs the head's weight gradient summed in fp32, chunk by chunk
+    VERSION = "005"  # 005: graphed GPU steps update inside the backward (the lr read as float32)
     DETERMINISTIC = True
     CACHEABLE = True
     FORMAT: Format = ModelFormat()

@@ -10,6 +10,7 @@ import copy
 import pytest
 import torch
 
+from tango_fairscale.parallel import backward_step
 from tango_fairscale.parallel.backward_step import BackwardStep
 
 
@@ -41,7 +42,10 @@ def batches(steps: int) -> list[torch.Tensor]:
     return [torch.randint(0, 11, (3, 5), generator=generator) for _ in range(steps)]
 
 
-def test_updates_in_the_backward_train_as_the_step_after_it() -> None:
+@pytest.mark.parametrize("bucket_bytes", [1, 200, backward_step.BUCKET_BYTES])
+def test_updates_in_the_backward_train_as_the_step_after_it(bucket_bytes, monkeypatch) -> None:
+    """Buckets of one parameter, of a few (across both groups) and of all of them."""
+    monkeypatch.setattr(backward_step, "BUCKET_BYTES", bucket_bytes)
     hooked, plain = TiedModel(), TiedModel()
     hooked_optimizer, plain_optimizer = optimizer_of(hooked), optimizer_of(plain)
     schedules = [
@@ -52,6 +56,7 @@ def test_updates_in_the_backward_train_as_the_step_after_it() -> None:
     for step, ids in enumerate(batches(6)):
         with steps.stepping():
             hooked(ids).backward()
+            steps.flush()
         plain(ids).backward()
         plain_optimizer.step()
         plain_optimizer.zero_grad(set_to_none=True)
@@ -79,6 +84,7 @@ def test_a_loaded_state_dict_is_followed() -> None:
     assert steps.has_state()
     with steps.stepping():
         hooked(ids).backward()
+        steps.flush()
     plain(ids).backward()
     plain_optimizer.step()
     for ours, theirs in zip(hooked.parameters(), plain.parameters(), strict=True):
@@ -100,6 +106,15 @@ def test_dropping_frees_gradients_and_updates_nothing() -> None:
     assert all(p.grad is not None for p in model.parameters())
     assert steps.hyperparameters()[0]["weight_decay"] == 0.1
     assert all("lr" not in s and "params" not in s for s in steps.hyperparameters())
+
+
+def test_a_bucket_left_unflushed_is_refused() -> None:
+    model = TiedModel()
+    steps = BackwardStep(optimizer_of(model))
+    with pytest.raises(RuntimeError, match="not flushed"), steps.stepping():
+        model(batches(1)[0]).backward()
+    with steps.stepping():  # the refused bucket was emptied
+        steps.flush()
 
 
 @pytest.mark.parametrize(
