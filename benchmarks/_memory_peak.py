@@ -17,6 +17,8 @@ from typing import Any
 MAX_ENTRIES = 2_000_000
 #: Groups listed, largest first.
 TOP = 15
+#: Allocations and frees of a MiB or more listed before the peak's (a third as many after).
+AROUND = 45
 
 
 def start() -> int:
@@ -73,7 +75,21 @@ def breakdown(baseline: int) -> dict[str, Any]:
             {"where": name, "mib": round(size / (1 << 20), 1), "tensors": count}
             for name, (size, count) in ranked[:TOP]
         ],
+        "around_peak": _around(events, peak_index),
     }
+
+
+def _around(events: list[dict[str, Any]], peak_index: int) -> list[str]:
+    """The allocations and frees of at least a MiB just before and after the peak's."""
+    large = [i for i, event in enumerate(events) if event["size"] >= 1 << 20]
+    before = [i for i in large if i <= peak_index][-AROUND:]
+    after = [i for i in large if i > peak_index][: AROUND // 3]
+    return [
+        f"{'>' if i == peak_index else ' '} {events[i]['action']:<14} "
+        f"{events[i]['size'] / (1 << 20):8.1f} MiB  stream {events[i].get('stream', '?')}  "
+        f"{where(events[i])}"
+        for i in before + after
+    ]
 
 
 def _peak(events: list[dict[str, Any]], baseline: int) -> tuple[int, int]:

@@ -349,6 +349,9 @@ def memory_peak_markdown(rows: list[dict[str, Any]]) -> list[str]:
         lines += [
             f"| `{g['where']}` | {fmt(g['mib'])} | {g['tensors']} |" for g in peak["alive_at_peak"]
         ]
+        if peak.get("around_peak"):
+            lines += ["", "Around the peak (`>`: the peak's allocation):", "", "```"]
+            lines += [*peak["around_peak"], "```"]
     return lines
 
 

@@ -16,7 +16,7 @@
 # not figures), BENCH_TINY=1 (CPU smoke test: --tiny sizes, GPU counts not checked),
 # BENCH_SKIP_INSTALL=1, PYTHON, LM_EVAL_SUITES (the lm-eval suite's own suites, in this order:
 # piqa,synthetic measures the PIQA command first; default synthetic,piqa), LM_EVAL_TOOLS (its
-# tools: package,lm-eval by default; package alone has no peer in the call), SCORING_PROBE_SIZES
+# tools: package,lm-eval by default; package alone has no peer in the call), MEMORY_PEAK_CONFIGS (the memory-peak suite's configurations, default ddp-fp32,fairscale-bf16-packed,fairscale-bf16-ckpt-packed), SCORING_PROBE_SIZES
 # (the scoring probe's batch sizes, QUERIESxTOKENS,...; default the step's and 256x16384).
 #
 # Suites (name | GPUs | nominal seconds | the figure it produces); `gpu.sh --list` and
@@ -191,8 +191,8 @@ suite_train_piqa() {  # 124M, 16 PIQA examples per GPU (packed: as the configs t
 suite_memory_peak() {  # the train-piqa configurations' peaks taken apart (recording slows eager steps)
   train_speed "$BUDGET" --data piqa --piqa "$PIQA" --world-size 1 --batch-size 16 \
     --warmup 4 --steps 8 --memory-peak \
-    --plan 124m:ddp-fp32,fairscale-bf16-packed,fairscale-bf16-ckpt-packed \
-    --compare-to ddp-fp32 --target '' --config-timeout 60 \
+    --plan "124m:${MEMORY_PEAK_CONFIGS:-ddp-fp32,fairscale-bf16-packed,fairscale-bf16-ckpt-packed}" \
+    --compare-to '' --target '' --config-timeout 60 \
     --out "$DIR/train_speed_piqa_memory_peak.json"
 }
 
