@@ -113,11 +113,17 @@ def weighted_nll_sum(
     token_weights: torch.Tensor,
     transform: LogitTransform = IDENTITY,
     chunk_rows: int = LOGIT_CHUNK_ROWS,
+    tied_head: bool = False,
 ) -> torch.Tensor:
     """``sum(token_weights * nll)`` over every position of ``hidden`` ``(N, H)`` against
     ``targets`` ``(N,)`` (``-100`` where the weight is 0), through :class:`_ScoredCrossEntropy`
     ``chunk_rows`` positions at a time: static shapes and no host reads (a CUDA graph can hold
-    it), gradients computed in the forward, so no logits are kept for the backward."""
+    it), gradients computed in the forward, so no logits are kept for the backward.
+
+    ``tied_head`` (the head's weight is the input embedding's, whose backward comes later): the
+    backward adds the head's weight gradient to the weight's ``.grad`` itself, and the
+    embedding's gradient is then added to it in place; autograd would sum the two into a third
+    ``(V, H)`` tensor (147 MiB at GPT-2's vocabulary in fp32)."""
     weight, bias = head_parameters(head)
     tokens = ScoredTokens(
         torch.where(targets == IGNORE_INDEX, 0, targets),  # weighs 0 there: any target serves
@@ -125,7 +131,9 @@ def weighted_nll_sum(
         torch.zeros_like(targets),  # one row: the sum
         1,
     )
-    total, _ = _ScoredCrossEntropy.apply(hidden, weight, bias, tokens, transform, chunk_rows)
+    total, _ = _ScoredCrossEntropy.apply(
+        hidden, weight, bias, tokens, transform, chunk_rows, tied_head
+    )
     return total[0]
 
 
@@ -224,8 +232,10 @@ class _ScoredCrossEntropy(torch.autograd.Function):
         tokens: ScoredTokens,
         transform: LogitTransform,
         chunk_rows: int,
+        tied_head: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
+        ctx.tied_weight = weight if tied_head else None
         targets, token_weights, rows, num_rows = tokens
         device_type = hidden.device.type
         dtype = _compute_dtype(hidden)
@@ -289,13 +299,19 @@ class _ScoredCrossEntropy(torch.autograd.Function):
             "_ScoredCrossEntropy: rows must receive equal gradients (a loss over their mean)",
         )
         common = grad_row_mean[0]
+        # In place: the forward's (V, H) gradient is not needed again, nor copied.
+        grad_weight = None if grad_weight is None else grad_weight.mul_(common).to(weight_dtype)
+        if ctx.tied_weight is not None and grad_weight is not None:
+            tied, ctx.tied_weight = ctx.tied_weight, None
+            tied.grad = grad_weight if tied.grad is None else tied.grad.add_(grad_weight)
+            grad_weight = None
         return (
             None
             if grad_hidden is None
             else (grad_hidden * grad_row_mean[ctx.rows, None]).to(hidden_dtype),
-            # In place: the forward's (V, H) gradient is not needed again, nor copied.
-            None if grad_weight is None else grad_weight.mul_(common).to(weight_dtype),
+            grad_weight,
             None if grad_bias is None else (grad_bias * common).to(bias_dtype),
+            None,
             None,
             None,
             None,

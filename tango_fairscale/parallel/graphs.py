@@ -68,13 +68,16 @@ def static_loss(model: ModelWrapper, batch: dict[str, torch.Tensor]) -> torch.Te
     """The loss of a :func:`static_batch` on the device: shapes fixed by its length, no host
     reads (logits of every position, scored or not)."""
     hidden = model.packed_hidden(batch["input_ids"], batch["position_ids"], batch["query_ids"])
+    head = model.model.get_output_embeddings()
+    embedding = model.model.get_input_embeddings()
     return weighted_nll_sum(
-        model.model.get_output_embeddings(),
+        head,
         hidden.flatten(0, 1),
         batch["labels"].flatten(),
         batch["token_weights"].flatten(),
         model.logit_transform,
         chunk_rows=BUCKET_TOKENS,  # every length is a multiple: full chunks, small logits
+        tied_head=head.weight is embedding.weight,
     )
 
 

@@ -69,10 +69,18 @@ def test_the_static_loss_has_the_models_gradients(packed_batches, tiny_model_dir
     batch = packed_batches[3]
     static = static_batch(batch, model.pad_token_id)
     assert static["input_ids"].shape[1] > BUCKET_TOKENS  # the loss projects several chunks
+    # GPT-2's head is its embedding: the static loss puts the head's gradient in its .grad and
+    # the embedding's backward adds to it (a gradient there already, as in accumulation: kept).
+    assert model.model.get_output_embeddings().weight is model.model.get_input_embeddings().weight
     ours = gradients(static_loss(model, static))
     theirs = gradients(model(**batch)["loss"])
     for (name, _), a, b in zip(model.named_parameters(), ours, theirs, strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4, msg=name)
+    model.zero_grad(set_to_none=True)
+    static_loss(model, static).backward()
+    static_loss(model, static).backward()  # onto the gradients already there
+    for (name, parameter), a in zip(model.named_parameters(), ours, strict=True):
+        torch.testing.assert_close(parameter.grad, 2 * a, atol=1e-6, rtol=1e-4, msg=name)
 
 
 def test_packed_micro_batches_without_outputs_are_replayed(packed_batches) -> None:
