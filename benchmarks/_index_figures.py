@@ -15,6 +15,14 @@ def train_speed_figure(data: dict[str, Any]) -> str:
             f"{times(c['peak_allocated_ratio'])}, throughput {times(c['tokens_per_s_ratio'])}"
             for c in checks
         )
+    peaks = [r for r in rows if r.get("memory_at_peak")]
+    if peaks:  # --memory-peak: what each run held at its peak
+        return "; ".join(
+            f"`{r['config']}` peak {r['memory_at_peak']['peak_gib']:.2f} GiB "
+            f"({r['memory_at_peak']['baseline_gib']:.2f} before the steps), made by "
+            f"`{r['memory_at_peak']['peak_made_by']}`"
+            for r in peaks
+        )
     pipes = [e for e in data.get("pipe_analysis") or [] if e.get("measured_efficiency")]
     if pipes:
         best = max(pipes, key=lambda e: e["measured_efficiency"])
