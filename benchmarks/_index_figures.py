@@ -173,6 +173,12 @@ def main_job_figure(data: dict[str, Any]) -> str:
         for name, run in runs.items()
         if run.get("wall_s")
     ]
+    gap = data.get("loss_curve_vs_ddp_fp32")
+    if gap:
+        parts.append(
+            f"losses within {100 * gap['max_relative_gap']:.1f} % of `ddp-fp32`'s "
+            f"({gap['window_steps']}-step means)"
+        )
     return "; ".join(parts) or "no run measured"
 
 

@@ -158,10 +158,40 @@ def training_figures(workspace: Path) -> dict[str, Any]:
     if steps:
         figures["tokens_per_s_median"] = sorted(r["tokens_per_s"] for r in steps)[len(steps) // 2]
         figures["peak_memory_gib"] = max(r.get("peak_memory_gib", 0) for r in steps)
+    figures["train_losses"] = [[r["step"], r["train_loss"]] for r in records if "train_loss" in r]
     if phases and phases.get("steps"):
         last = max(r["step"] for r in records if "train_loss" in r)
         figures["step_ms_mean"] = round(phases["steps"] / max(last - 1, 1) * 1e3, 2)
     return figures
+
+
+#: Logged losses averaged over windows of this many steps before two runs are compared.
+LOSS_WINDOW = 100
+
+
+def loss_curve_gap(ours: list[list[float]], theirs: list[list[float]]) -> dict[str, Any]:
+    """How far one run's logged training losses are from another's (the same data, the same
+    steps): window by window of :data:`LOSS_WINDOW` steps, the largest relative difference of
+    the windows' means, over the first 300 steps and over the run."""
+    by_step = dict((int(step), loss) for step, loss in theirs)
+    pairs = [(int(step), loss, by_step[int(step)]) for step, loss in ours if int(step) in by_step]
+    windows: dict[int, list[tuple[float, float]]] = {}
+    for step, a, b in pairs:
+        windows.setdefault((step - 1) // LOSS_WINDOW, []).append((a, b))
+    gaps = {
+        (index + 1) * LOSS_WINDOW: abs(sum(a for a, _ in values) / sum(b for _, b in values) - 1)
+        for index, values in sorted(windows.items())
+    }
+    return {
+        "window_steps": LOSS_WINDOW,
+        "steps_compared": len(pairs),
+        "max_relative_gap_first_300": round(max(v for k, v in gaps.items() if k <= 300), 4),
+        "max_relative_gap": round(max(gaps.values()), 4),
+        "final_window_means": [
+            round(sum(a for a, _ in windows[max(windows)]) / len(windows[max(windows)]), 4),
+            round(sum(b for _, b in windows[max(windows)]) / len(windows[max(windows)]), 4),
+        ],
+    }
 
 
 def main() -> None:
@@ -199,6 +229,10 @@ def main() -> None:
     peer = results.get("ddp-fp32", {})
     if base.get("step_ms_mean") and peer.get("step_ms_mean"):
         report["step_speedup_vs_ddp_fp32"] = round(peer["step_ms_mean"] / base["step_ms_mean"], 3)
+    if base.get("train_losses") and peer.get("train_losses"):
+        report["loss_curve_vs_ddp_fp32"] = loss_curve_gap(
+            base["train_losses"], peer["train_losses"]
+        )
     _bench.write_json(Path(args.out), report)
     print(
         json.dumps(
