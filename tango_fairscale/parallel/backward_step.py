@@ -57,11 +57,6 @@ class BackwardStep:
         fused = all(group.get("fused") for group in optimizer.param_groups)
         return adam and fused and not clips and grad_accum == 1
 
-    def has_state(self) -> bool:
-        """Whether every parameter has its optimizer state (made by its first update, outside
-        any graph: a graph must not allocate it)."""
-        return all(self.optimizer.state.get(parameter) for parameter in self._group_index)
-
     @contextlib.contextmanager
     def stepping(self, lr_tensors: bool = False) -> Iterator[None]:
         """Update parameters in the backward. The caller calls :meth:`flush` after it (inside a
@@ -126,7 +121,11 @@ class BackwardStep:
                 self.flush()
 
     def _update(self, parameters: list[torch.Tensor]) -> None:
-        """The optimizer's own step over ``parameters`` alone (each with its group's settings)."""
+        """The optimizer's own step over ``parameters`` alone (each with its group's settings).
+        A graph being captured must not make optimizer state (its memory would be the graph's):
+        a parameter without any is refused, and the step then runs eagerly."""
+        if self._mode == "capture" and not all(self.optimizer.state.get(p) for p in parameters):
+            raise RuntimeError("a parameter's first update cannot be captured (no optimizer state)")
         groups = self.optimizer.param_groups
         alone = []
         for index, group in enumerate(groups):

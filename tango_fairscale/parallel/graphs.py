@@ -100,6 +100,7 @@ class GraphedSteps:
         #: Whether the last :meth:`forward_backward` updated the parameters (the engine's step
         #: then only moves the learning rate on).
         self.stepped = False
+        self._updated_eagerly = False
         self._captured_settings: list[dict[str, Any]] | None = None
         self.device = next(model.parameters()).device
         self.parameters = [p for p in model.parameters() if p.requires_grad]
@@ -144,14 +145,14 @@ class GraphedSteps:
         return step_loss
 
     def _step_in_backward(self, host: dict[str, torch.Tensor], steps: BackwardStep) -> torch.Tensor:
-        """One step of one micro-batch whose backward updates the parameters: eager while the
-        optimizer has no state yet (its first update makes it, outside any graph), else
-        replayed; new graphs where the optimizer's settings other than the learning rate
+        """One step of one micro-batch whose backward updates the parameters: the first eager
+        (the optimizer's state is made by a parameter's first update, outside any graph), the
+        others replayed; new graphs where the optimizer's settings other than the learning rate
         changed since the capture (a graph holds them)."""
-        if not steps.has_state():
+        if not self._updated_eagerly:
             with steps.stepping():
                 self._pass({key: value.to(self.device) for key, value in host.items()})
-            self.stepped = True
+            self.stepped = self._updated_eagerly = True
             return self.loss.clone()
         if steps.hyperparameters() != self._captured_settings:
             self.graphs.clear()

@@ -81,7 +81,6 @@ def test_a_loaded_state_dict_is_followed() -> None:
     plain_optimizer.param_groups[0]["lr"] = 2**-8
     hooked.load_state_dict(plain.state_dict())
     hooked_optimizer.load_state_dict(copy.deepcopy(plain_optimizer.state_dict()))  # not shared
-    assert steps.has_state()
     with steps.stepping():
         hooked(ids).backward()
         steps.flush()
@@ -101,11 +100,22 @@ def test_dropping_frees_gradients_and_updates_nothing() -> None:
         model(ids).backward()
     assert all(p.grad is None for p in model.parameters())
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
-    assert not steps.has_state()
+    assert not optimizer.state
     model(ids).backward()  # outside both: the usual backward, gradients kept
     assert all(p.grad is not None for p in model.parameters())
     assert steps.hyperparameters()[0]["weight_decay"] == 0.1
     assert all("lr" not in s and "params" not in s for s in steps.hyperparameters())
+
+
+def test_a_first_update_is_not_captured() -> None:
+    """Optimizer state made inside a CUDA graph's capture would live in the graph's memory: a
+    parameter without state is refused there (the graphed step then runs eagerly)."""
+    model = TiedModel()
+    steps = BackwardStep(optimizer_of(model))
+    with pytest.raises(RuntimeError, match="first update cannot be captured"):
+        with steps.stepping(lr_tensors=True):
+            model(batches(1)[0]).backward()
+            steps.flush()
 
 
 def test_a_bucket_left_unflushed_is_refused() -> None:
