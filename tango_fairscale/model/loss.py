@@ -288,8 +288,8 @@ class _ScoredCrossEntropy(torch.autograd.Function):
         ctx: Any, grad_row_mean: torch.Tensor, _grad_row_nll: torch.Tensor
     ) -> tuple[torch.Tensor | None, ...]:
         grad_hidden, grad_weight, grad_bias = ctx.grads
-        # Held from here by the autograd engine alone: a tied head's gradient is then summed
-        # into the embedding's in place, not into a third (V, H) tensor while ctx keeps one.
+        # Held from here by the autograd engine alone, freed once used (ctx lives until the
+        # whole backward has run).
         ctx.grads = None
         hidden_dtype, weight_dtype, bias_dtype = ctx.dtypes
         grad_row_mean = grad_row_mean.float()
