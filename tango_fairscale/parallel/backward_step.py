@@ -49,13 +49,18 @@ class BackwardStep:
                 parameter.register_post_accumulate_grad_hook(self._hook)
 
     @staticmethod
-    def applies(optimizer: torch.optim.Optimizer, clips: bool, grad_accum: int) -> bool:
+    def applies(
+        optimizer: torch.optim.Optimizer, clips: bool, grad_accum: int, scheduler: Any = None
+    ) -> bool:
         """Whether updates inside the backward train as the step after it does: a fused Adam
         or AdamW (which takes a device tensor as its learning rate), no clipping, no
-        accumulation."""
+        accumulation, and a ``scheduler`` that moves only the learning rate (a graph holds the
+        other settings: ``OneCycleLR``'s or ``CyclicLR``'s ``cycle_momentum`` would call for
+        new graphs every step)."""
         adam = isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW))
         fused = all(group.get("fused") for group in optimizer.param_groups)
-        return adam and fused and not clips and grad_accum == 1
+        fixed = not getattr(scheduler, "cycle_momentum", False)
+        return adam and fused and not clips and grad_accum == 1 and fixed
 
     @contextlib.contextmanager
     def stepping(self, lr_tensors: bool = False) -> Iterator[None]:

@@ -87,7 +87,9 @@ class Engine(TrainingEngine):
         self.graphs = None
         if self._replays():
             clips, accumulates = max_grad_norm is not None, train_config.grad_accum
-            in_backward = BackwardStep.applies(self.optimizer, clips, accumulates)
+            in_backward = BackwardStep.applies(
+                self.optimizer, clips, accumulates, self.lr_scheduler
+            )
             steps = BackwardStep(self.optimizer) if in_backward else None
             self.graphs = GraphedSteps(self.wrapped_model, self.precision, steps)
 

@@ -141,3 +141,17 @@ def test_where_updates_in_the_backward_apply(settings, clips, grad_accum, expect
     assert BackwardStep.applies(optimizer, clips, grad_accum) is expected
     sgd = torch.optim.SGD(TiedModel().parameters(), lr=0.1)
     assert not BackwardStep.applies(sgd, False, 1)
+
+
+def test_a_scheduler_that_moves_adams_betas_keeps_the_step_after_the_backward() -> None:
+    """A graph holds every setting but the learning rate: one that moves every step would
+    call for new graphs every step."""
+    optimizer = optimizer_of(TiedModel())
+    cycling = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.01, total_steps=10)
+    assert not BackwardStep.applies(optimizer, False, 1, cycling)
+    optimizer = optimizer_of(TiedModel())
+    plain = torch.optim.lr_scheduler.OneCycleLR(
+        optimizer, max_lr=0.01, total_steps=10, cycle_momentum=False
+    )
+    assert BackwardStep.applies(optimizer, False, 1, plain)
+    assert BackwardStep.applies(optimizer, False, 1, None)
