@@ -182,7 +182,8 @@ class GraphedSteps:
         self, host: dict[str, torch.Tensor]
     ) -> tuple[torch.cuda.CUDAGraph, dict[str, torch.Tensor]]:
         """The graph of one length, its input tensors filled with ``host``; the gradients are
-        left zero (the warm-up passes' and the capture's are cleared)."""
+        left zero (the warm-up passes' and the capture's are cleared), or none are kept where
+        the graph updates inside the backward (the warm-up passes drop theirs)."""
         inputs = {key: value.to(self.device) for key, value in host.items()}
         steps = self.backward_step
         if steps is None:
