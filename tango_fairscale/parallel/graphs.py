@@ -131,16 +131,11 @@ class GraphedSteps:
             return self._step_in_backward(hosts[0], self.backward_step)
         for host in hosts:
             host["token_weights"] /= len(batches)
-            length = host["input_ids"].shape[1]
-            if length not in self.graphs:
-                self.graphs[length] = self._capture(host)
+            self._captured(host)
         torch._foreach_zero_([p.grad for p in self.parameters if p.grad is not None])
         step_loss = torch.zeros((), device=self.device)
         for host in hosts:
-            graph, inputs = self.graphs[host["input_ids"].shape[1]]
-            for key, value in host.items():
-                inputs[key].copy_(pinned_for(value, self.device), non_blocking=True)
-            graph.replay()
+            self._replay(host)
             step_loss += self.loss
         return step_loss
 
@@ -154,19 +149,28 @@ class GraphedSteps:
                 self._pass({key: value.to(self.device) for key, value in host.items()})
             self.stepped = self._updated_eagerly = True
             return self.loss.clone()
-        if steps.hyperparameters() != self._captured_settings:
+        settings = steps.hyperparameters()
+        if settings != self._captured_settings:
             self.graphs.clear()
-            self._captured_settings = steps.hyperparameters()
+            self._captured_settings = settings
+        self._captured(host)
+        steps.fill_learning_rates()
+        self._replay(host)
+        self.stepped = True
+        return self.loss.clone()
+
+    def _captured(self, host: dict[str, torch.Tensor]) -> None:
+        """Capture the graph of ``host``'s length if none has been yet."""
         length = host["input_ids"].shape[1]
         if length not in self.graphs:
             self.graphs[length] = self._capture(host)
-        graph, inputs = self.graphs[length]
+
+    def _replay(self, host: dict[str, torch.Tensor]) -> None:
+        """``host``'s inputs copied into its length's graph, then the graph replayed."""
+        graph, inputs = self.graphs[host["input_ids"].shape[1]]
         for key, value in host.items():
             inputs[key].copy_(pinned_for(value, self.device), non_blocking=True)
-        steps.fill_learning_rates()
         graph.replay()
-        self.stepped = True
-        return self.loss.clone()
 
     def _pass(self, inputs: dict[str, torch.Tensor]) -> None:
         """Forward and backward, the gradients accumulated into (a graph zeroes none)."""
