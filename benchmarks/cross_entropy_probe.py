@@ -8,8 +8,10 @@ compiled, steps of 4,096 scored tokens or more; 256 rows: the graphed PIQA steps
 median GPU milliseconds of:
 
 * the cross-entropy and gradient: eager (in place, a scatter at the targets), compiled in place
-  and compiled out of place (the package's compiled form), with the
-  largest difference of each form's outputs from the compiled in-place form's;
+  and compiled out of place (the package's compiled form, every size dynamic), and out of place
+  with fixed sizes, with only the rows dynamic, and each of those with Inductor's
+  coordinate-descent tuning, with the largest difference of each form's outputs from the
+  compiled in-place form's;
 * the weight gradient's accumulation: ``total += left @ right`` against
   ``model.loss.add_product`` (the GEMM adds in its epilogue), with each one's largest error
   against a float64 sum.
@@ -56,16 +58,37 @@ def gpu_ms(run: Callable[[], Any], repeats: int = REPEATS) -> float:
     return round(_bench.median(times), 4)
 
 
+def rows_dynamic(compiled: Callable[..., Any]) -> Callable[..., Any]:
+    """``compiled`` called with the row dimension of its tensors marked dynamic, the rest fixed."""
+
+    def call(logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, *rest: Any) -> Any:
+        for tensor in (logits, targets, weights):
+            torch._dynamo.mark_dynamic(tensor, 0)
+        return compiled(logits, targets, weights, *rest)
+
+    return call
+
+
 def cross_entropy_rows(rows: int, generator: torch.Generator) -> list[dict[str, Any]]:
     logits = torch.randn(rows, VOCAB, generator=generator).mul_(3).to("cuda", torch.bfloat16)
     targets = torch.randint(0, VOCAB, (rows,), generator=generator).cuda()
     weights = torch.rand(rows, generator=generator).cuda()
     arguments = (targets, weights, torch.bfloat16, False)
+    out_of_place = functools.partial(chunk_cross_entropy, out_of_place=True)
+    tuned = {"coordinate_descent_tuning": True}
     forms: dict[str, Callable[..., Any]] = {
         "eager in place": chunk_cross_entropy,
         "compiled in place": torch.compile(chunk_cross_entropy, dynamic=True),
-        "compiled out of place": torch.compile(
-            functools.partial(chunk_cross_entropy, out_of_place=True), dynamic=True
+        "compiled out of place": torch.compile(out_of_place, dynamic=True),
+        # Every size symbolic (above, the package's form) against the vocabulary's fixed, and
+        # Inductor's search over a reduction's block sizes and warps on top.
+        "compiled out of place, static": torch.compile(out_of_place, dynamic=False),
+        "compiled out of place, rows dynamic": rows_dynamic(torch.compile(out_of_place)),
+        "compiled out of place, static, tuned": torch.compile(
+            out_of_place, dynamic=False, options=tuned
+        ),
+        "compiled out of place, rows dynamic, tuned": rows_dynamic(
+            torch.compile(out_of_place, options=tuned)
         ),
     }
 
