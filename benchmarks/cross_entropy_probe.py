@@ -75,7 +75,7 @@ def cross_entropy_rows(rows: int, generator: torch.Generator) -> list[dict[str, 
     weights = torch.rand(rows, generator=generator).cuda()
     arguments = (targets, weights, torch.bfloat16, False)
     out_of_place = functools.partial(chunk_cross_entropy, out_of_place=True)
-    tuned = {"coordinate_descent_tuning": True}
+    tuned: dict[str, Any] = {"coordinate_descent_tuning": True}
     forms: dict[str, Callable[..., Any]] = {
         "eager in place": chunk_cross_entropy,
         "compiled in place": torch.compile(chunk_cross_entropy, dynamic=True),
