@@ -16,7 +16,7 @@
 # not figures), BENCH_TINY=1 (CPU smoke test: --tiny sizes, GPU counts not checked),
 # BENCH_SKIP_INSTALL=1, PYTHON, LM_EVAL_SUITES (the lm-eval suite's own suites, in this order:
 # piqa,synthetic measures the PIQA command first; default synthetic,piqa), LM_EVAL_TOOLS (its
-# tools: package,lm-eval by default; package alone has no peer in the call), MEMORY_PEAK_CONFIGS (the memory-peak suite's configurations, default ddp-fp32,fairscale-bf16-packed,fairscale-bf16-ckpt-packed), SCORING_PROBE_SIZES
+# tools: package,lm-eval by default; package alone has no peer in the call), MEMORY_PEAK_CONFIGS (the memory-peak suite's configurations, default ddp-fp32,fairscale-bf16-packed,fairscale-bf16-ckpt-packed), SYNTHETIC_CONFIGS (the train-synthetic suites' configurations, default $SYNTHETIC_DEFAULT below; ddp-bf16 is their base), SCORING_PROBE_SIZES
 # (the scoring probe's batch sizes, QUERIESxTOKENS,...; default the step's and 256x16384).
 #
 # Suites (name | GPUs | nominal seconds | the figure it produces); `gpu.sh --list` and
@@ -164,9 +164,11 @@ suite_e2e() {  # results.txt (the runs x metrics table), curves.png; E2E_DEVICES
     E2E_STEPS="${E2E_STEPS:-$([ ${#TINY[@]} -gt 0 ] && echo 4 || echo 40)}" bash scripts/gpu_e2e.sh
 }
 
+SYNTHETIC_DEFAULT=ddp-bf16,ddp-bf16-compile-fused,fairscale-bf16-compile-fused,fsdp2-bf16-compile-fused
+
 suite_train_synthetic_124m() {  # seq 1024 batch 64, 25 warm-up steps: the compiled steady state
   train_speed "$BUDGET" --world-size 1 --batch-size 124m=64 --warmup 25 --steps 15 --profile-steps 3 \
-    --plan 124m:ddp-bf16,ddp-bf16-compile-fused,fairscale-bf16-compile-fused,fsdp2-bf16-compile-fused \
+    --plan "124m:${SYNTHETIC_CONFIGS:-$SYNTHETIC_DEFAULT}" \
     --compare-to ddp-bf16 --target '' --config-timeout 90 \
     --out "$DIR/train_speed_synth_124m.json"
 }
@@ -174,7 +176,7 @@ suite_train_synthetic_124m() {  # seq 1024 batch 64, 25 warm-up steps: the compi
 suite_train_synthetic_1_5b() {  # seq 1024 batch 16, then 3 profiled steps (GPU time by kind)
   train_speed "$BUDGET" --world-size 1 --batch-size 1.5b=16 --warmup 8 --steps 8 \
     --profile-steps 3 \
-    --plan 1.5b:ddp-bf16,ddp-bf16-compile-fused,fairscale-bf16-compile-fused,fsdp2-bf16-compile-fused \
+    --plan "1.5b:${SYNTHETIC_CONFIGS:-$SYNTHETIC_DEFAULT}" \
     --compare-to ddp-bf16 --target '' --config-timeout 150 \
     --out "$DIR/train_speed_synth_1.5b.json"
 }
