@@ -146,6 +146,18 @@ def summarize(
     seq_for_flops = spec["seq_len"] or mean_width
     flops_per_token = 6 * spec["n_params"] + 12 * shape["n_layer"] * shape["n_embd"] * seq_for_flops
     losses = main["losses"]
+    timeline = main.get("timeline_step_times_s")
+    if timeline:  # the same batches, steps not synchronised (--timeline-steps)
+        timeline_s = sum(timeline) / len(timeline)
+        flops_per_step = flops_per_token * real / len(times) / gpus
+        row.update(
+            timeline_step_times_s=timeline,
+            timeline_step_time_s_mean=round(timeline_s, 5),
+            mfu_timeline=round(flops_per_step / timeline_s / _bench.PEAK_FLOPS, 6),
+            mfu_synchronised_mean=round(
+                flops_per_step * len(times) / sum(times) / _bench.PEAK_FLOPS, 6
+            ),
+        )
     row.update(
         step_time_s_median=round(step_s, 5),
         step_time_s_mean=round(sum(times) / len(times), 5),

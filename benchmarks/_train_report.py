@@ -58,6 +58,7 @@ def markdown(report: dict[str, Any]) -> str:
     lines += top_kernels_markdown(report["results"])
     lines += host_time_markdown(report["results"])
     lines += memory_peak_markdown(report["results"])
+    lines += timeline_markdown(report["results"])
     if any("root" in (r.get("modifiers") or []) for r in report["results"]):
         lines += [
             "",
@@ -319,6 +320,36 @@ def host_time_markdown(rows: list[dict[str, Any]]) -> list[str]:
                 f"| `{f['function']}` | {f['calls']:g} | {f['cumulative_ms']:.2f} "
                 f"| {f['own_ms']:.2f} |"
             )
+    return lines
+
+
+def timeline_markdown(rows: list[dict[str, Any]]) -> list[str]:
+    """The ``--timeline-steps`` section: the same batches timed with and without a
+    synchronisation at each step's start and end."""
+    timed = [r for r in rows if r.get("mfu_timeline") is not None]
+    if not timed:
+        return []
+    lines = [
+        "",
+        "## Steps as the training loop runs them (`--timeline-steps`)",
+        "",
+        "The timed steps' batches again, without synchronising between steps (the host runs "
+        "ahead of the GPU, as in the training loop): each step's mean time on the GPU's "
+        "timeline (CUDA events), against the synchronised steps' mean above. Synchronising "
+        "each step adds the host's work before the step's first kernel to every step.",
+        "",
+        "| world | shape | config | batch | synchronised ms | timeline ms | MFU % synchronised "
+        "| MFU % timeline |",
+        "|---:|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in timed:
+        synced_s, timeline_s = r["step_time_s_mean"], r["timeline_step_time_s_mean"]
+        lines.append(
+            f"| {r['world_size']} | {r['shape']} | {r['config']} | {r['batch_size']} | "
+            f"{1000 * synced_s:.1f} | {1000 * timeline_s:.1f} | "
+            f"{100 * r['mfu_synchronised_mean']:.1f} | "
+            f"{100 * r['mfu_timeline']:.1f} |"
+        )
     return lines
 
 

@@ -99,8 +99,12 @@ def measure(rank: int, spec: dict[str, Any], result_dir: Path) -> dict[str, Any]
     with _memory_peak.recordable(recording):
         times, losses, tokens = timed_steps(engine, batch_for, n_steps, sync)
     peak_breakdown = _memory_peak.breakdown(baseline) if recording else None
+    timeline = None
+    if spec.get("timeline_steps") and len(devices) == 1:
+        timeline = timeline_steps(engine, batch_for, spec["warmup"], spec["steps"], device)
     result: dict[str, Any] = {
         "step_times_s": [round(t, 5) for t in times],
+        "timeline_step_times_s": timeline,
         "losses": losses,
         "tokens": tokens,
         "setup_s": round(setup_s, 2),
@@ -247,6 +251,35 @@ def timed_steps(
         tokens["scored"].append(int((fed["labels"] != -100).sum()))
         tokens["width"].append(width)
     return times, [float(x) for x in losses], tokens
+
+
+def timeline_steps(
+    engine: Any, batch_for: Callable[[int], Batch], first: int, count: int, device: Any
+) -> list[float]:
+    """The timed steps' batches (``first`` on) again, ``count`` of them, as the training loop
+    runs them: no synchronisation between steps, the host running ahead of a GPU. Each step's
+    seconds between CUDA events on the GPU's timeline (on a CPU, whose steps end on return, by
+    the clock); one more step first fills the queue."""
+    import torch
+
+    from tango_fairscale.train.loop import forward_backward
+
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(device)
+    marks: list[Any] = []
+    for index in range(count + 1):
+        forward_backward(engine, [batch_for(first + max(index - 1, 0))])
+        engine.step()
+        if cuda:
+            marks.append(torch.cuda.Event(enable_timing=True))
+            marks[-1].record()
+        else:
+            marks.append(time.perf_counter())
+    if not cuda:
+        return [round(end - begin, 5) for begin, end in zip(marks, marks[1:])]
+    marks[-1].synchronize()
+    return [round(begin.elapsed_time(end) / 1000, 5) for begin, end in zip(marks, marks[1:])]
 
 
 def fairscale_units(engine: Any) -> int:

@@ -168,14 +168,14 @@ SYNTHETIC_DEFAULT=ddp-bf16,ddp-bf16-compile-fused,fairscale-bf16-compile-fused,f
 
 suite_train_synthetic_124m() {  # seq 1024 batch 64, 25 warm-up steps: the compiled steady state
   train_speed "$BUDGET" --world-size 1 --batch-size 124m=64 --warmup 25 --steps 15 --profile-steps 3 \
-    --plan "124m:${SYNTHETIC_CONFIGS:-$SYNTHETIC_DEFAULT}" \
+    --timeline-steps --plan "124m:${SYNTHETIC_CONFIGS:-$SYNTHETIC_DEFAULT}" \
     --compare-to ddp-bf16 --target '' --config-timeout 90 \
     --out "$DIR/train_speed_synth_124m.json"
 }
 
 suite_train_synthetic_1_5b() {  # seq 1024 batch 16, then 3 profiled steps (GPU time by kind)
   train_speed "$BUDGET" --world-size 1 --batch-size 1.5b=16 --warmup 8 --steps 8 \
-    --profile-steps 3 \
+    --profile-steps 3 --timeline-steps \
     --plan "1.5b:${SYNTHETIC_CONFIGS:-$SYNTHETIC_DEFAULT}" \
     --compare-to ddp-bf16 --target '' --config-timeout 150 \
     --out "$DIR/train_speed_synth_1.5b.json"

@@ -158,6 +158,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "the peak, by the package line that made them (slows eager steps: no speed figures)",
     )
     parser.add_argument(
+        "--timeline-steps",
+        action="store_true",
+        help="after the timed steps (each synchronised at its start and end), their batches "
+        "again without synchronising between steps, as the training loop runs (one GPU per "
+        "process): each step's time on the GPU's timeline, by CUDA events, and its MFU",
+    )
+    parser.add_argument(
         "--cprofile-steps",
         type=int,
         default=0,
@@ -280,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
                     "profile_steps": args.profile_steps,
                     "cprofile_steps": args.cprofile_steps,
                     "memory_peak": args.memory_peak,
+                    "timeline_steps": args.timeline_steps,
                     "tokenizer": tokenizer,
                     "init_device": args.init_device,
                     "cuda": cuda,
