@@ -35,7 +35,7 @@ import _bench  # noqa: E402
 
 _bench.setup_paths()
 
-from tango_fairscale.model.cross_entropy import chunk_cross_entropy  # noqa: E402
+from tango_fairscale.model.cross_entropy import chunk_cross_entropy, rows_dynamic  # noqa: E402
 from tango_fairscale.model.loss import add_product  # noqa: E402
 
 VOCAB, WIDTH = 50304, 768
@@ -56,17 +56,6 @@ def gpu_ms(run: Callable[[], Any], repeats: int = REPEATS) -> float:
         end.synchronize()
         times.append(begin.elapsed_time(end))
     return round(_bench.median(times), 4)
-
-
-def rows_dynamic(compiled: Callable[..., Any]) -> Callable[..., Any]:
-    """``compiled`` called with the row dimension of its tensors marked dynamic, the rest fixed."""
-
-    def call(logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, *rest: Any) -> Any:
-        for tensor in (logits, targets, weights):
-            torch._dynamo.maybe_mark_dynamic(tensor, 0)
-        return compiled(logits, targets, weights, *rest)
-
-    return call
 
 
 def cross_entropy_rows(rows: int, generator: torch.Generator) -> list[dict[str, Any]]:

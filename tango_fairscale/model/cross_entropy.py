@@ -67,17 +67,23 @@ def chunk_cross_entropy(
 @functools.cache
 def compiled_chunk_cross_entropy() -> Any:
     """:func:`chunk_cross_entropy`, out of place, under ``torch.compile``
-    (``TORCH_COMPILE_DISABLE=1``: eager): its row count dynamic from the first call (else the
-    second step's count compiles it again), the vocabulary fixed, which lets Inductor fit the
-    kernel's reduction to it (a 4,096 × 50,304 chunk on an H100: 0.53 ms against 0.84 ms with
-    every size dynamic, ``cross_entropy_probe_h100_ab93899.json``)."""
-    compiled = torch.compile(functools.partial(chunk_cross_entropy, out_of_place=True))
+    (``TORCH_COMPILE_DISABLE=1``: eager), called through :func:`rows_dynamic`: its row count
+    dynamic from the first call (else the second step's count compiles it again), the
+    vocabulary fixed, which lets Inductor fit the kernel's reduction to it (a 4,096 × 50,304
+    chunk on an H100: 0.53 ms against 0.84 ms with every size dynamic,
+    ``cross_entropy_probe_h100_ab93899.json``)."""
+    return rows_dynamic(torch.compile(functools.partial(chunk_cross_entropy, out_of_place=True)))
 
-    def rows_dynamic(
+
+def rows_dynamic(compiled: Any) -> Any:
+    """``compiled`` (a compiled :func:`chunk_cross_entropy`) called with the row dimension of
+    its logits, targets and token weights marked dynamic, every other size fixed."""
+
+    def call(
         logits: torch.Tensor, targets: torch.Tensor, token_weights: torch.Tensor, *rest: Any
     ) -> Any:
         for tensor in (logits, targets, token_weights):
             torch._dynamo.maybe_mark_dynamic(tensor, 0)
         return compiled(logits, targets, token_weights, *rest)
 
-    return rows_dynamic
+    return call
