@@ -182,15 +182,13 @@ def loss_curve_gap(ours: list[list[float]], theirs: list[list[float]]) -> dict[s
         (index + 1) * LOSS_WINDOW: abs(sum(a for a, _ in values) / sum(b for _, b in values) - 1)
         for index, values in sorted(windows.items())
     }
+    last = windows[max(windows)]
     return {
         "window_steps": LOSS_WINDOW,
         "steps_compared": len(pairs),
         "max_relative_gap_first_300": round(max(v for k, v in gaps.items() if k <= 300), 4),
         "max_relative_gap": round(max(gaps.values()), 4),
-        "final_window_means": [
-            round(sum(a for a, _ in windows[max(windows)]) / len(windows[max(windows)]), 4),
-            round(sum(b for _, b in windows[max(windows)]) / len(windows[max(windows)]), 4),
-        ],
+        "final_window_means": [round(sum(run) / len(last), 4) for run in zip(*last)],
     }
 
 

@@ -7,8 +7,8 @@ gradients). Finished gradients wait in a bucket of :data:`BUCKET_BYTES`; a full 
 last one, at :meth:`BackwardStep.flush`) is updated by the optimizer's own ``step()`` over those
 parameters alone. A fused update computes each element alike whatever tensors it is given with,
 so the trained weights are those of one step over all parameters after the backward. Used by
-the CUDA-graphed steps (:mod:`.graphs`), whose graphs then hold the updates too: GPT-2 124M no
-longer holds its 0.46 GiB of fp32 gradients (``docs/PERFORMANCE.md``).
+the CUDA-graphed steps (:mod:`.graphs`), whose graphs then hold the updates too: GPT-2 124M
+never holds all of its 0.46 GiB of fp32 gradients at once (``docs/PERFORMANCE.md``).
 """
 
 from __future__ import annotations

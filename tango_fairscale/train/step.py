@@ -93,7 +93,7 @@ class TrainStep(Step[ModelWrapper]):
                         train_steps: 2000, batch_size: 16, runtime: {device_count: 2}}
     """
 
-    VERSION = "005"  # 005: graphed GPU steps update inside the backward (the lr read as float32)
+    VERSION = "005"
     DETERMINISTIC = True
     CACHEABLE = True
     FORMAT: Format = ModelFormat()
