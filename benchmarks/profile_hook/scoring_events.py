@@ -1,8 +1,11 @@
 """Benchmarks only, through ``sitecustomize.py``: each of the package's log-likelihood passes
-(``ScorerLM._score``) timed forward by forward, without a profiler: CUDA events around each
-forward (the GPU's time in it, its gaps, its idle time before the first forward and after the
-last) and the host's time scheduling, packing and launching; one JSON line per pass appended
-to ``DIR/<pid>.jsonl``."""
+(``ScorerLM._score``) timed forward by forward: CUDA events around each forward (the GPU's time
+in it, its gaps, its idle time before the first forward and after the last), the host's time
+scheduling, packing and launching, and on a GPU the share of the pass in which a kernel ran, from
+the kernels' own start and end times (CUPTI through ``torch.profiler`` with GPU activity only: no
+host operators recorded; NVML's utilization samples the same quantity over windows of its own,
+which for passes of one or two seconds take in the idle time around them). One JSON line per pass
+appended to ``DIR/<pid>.jsonl``."""
 
 import json
 import os
@@ -34,6 +37,21 @@ def _timed(function, totals, key):  # type: ignore[no-untyped-def]
     return wrapper
 
 
+def _union_ms(events) -> float:  # type: ignore[no-untyped-def]
+    """Milliseconds in which at least one of the profiled GPU kernels ran (copies left out, as
+    NVML's utilization leaves them out)."""
+    spans = sorted((e.start_ns(), e.end_ns()) for e in events if e.activity_type() == "kernel")
+    total, reached = 0, None
+    for start, end in spans:
+        if reached is None or start > reached:
+            total += end - start
+            reached = end
+        elif end > reached:
+            total += end - reached
+            reached = end
+    return total / 1e6
+
+
 def evented(score, folder):  # type: ignore[no-untyped-def]
     import functools
 
@@ -50,6 +68,12 @@ def evented(score, folder):  # type: ignore[no-untyped-def]
         forwards: list = []
         call = self.call
         forward = call.forward
+        kernels = None
+        if on_gpu:  # started before the pass's clock: CUPTI's start is not the pass's
+            from torch.profiler import ProfilerActivity, profile
+
+            kernels = profile(activities=[ProfilerActivity.CUDA])
+            kernels.__enter__()
         started = time.perf_counter()
 
         def evented_forward(batch):  # type: ignore[no-untyped-def]
@@ -80,8 +104,15 @@ def evented(score, folder):  # type: ignore[no-untyped-def]
             for (module, name), value in originals.items():
                 setattr(module, name, value)
         ended = time.perf_counter()
-        if on_gpu:
+        busy: dict = {}
+        if kernels is not None:
             torch.cuda.synchronize()
+            kernels.__exit__(None, None, None)
+            kernel_ms = _union_ms(kernels.profiler.kineto_results.events())
+            busy = {
+                "kernel_ms": round(kernel_ms, 1),
+                "kernel_busy_pct": round(100 * kernel_ms / first.elapsed_time(last), 1),
+            }
         if forwards:
             gpu = [begin.elapsed_time(end) for begin, end, _, _ in forwards]
             gaps = [a[1].elapsed_time(b[0]) for a, b in zip(forwards, forwards[1:])]
@@ -97,6 +128,7 @@ def evented(score, folder):  # type: ignore[no-untyped-def]
                 "host_before_first_forward_ms": round((forwards[0][2] - started) * 1e3, 1),
                 "host_after_last_forward_ms": round((ended - forwards[-1][3]) * 1e3, 1),
                 "host_forward_ms_sum": round(sum(b - a for _, _, a, b in forwards) * 1e3, 1),
+                **busy,
                 **{key: round(value, 1) for key, value in totals.items()},
             }
             os.makedirs(folder, exist_ok=True)
