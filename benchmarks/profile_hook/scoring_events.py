@@ -40,7 +40,13 @@ def _timed(function, totals, key):  # type: ignore[no-untyped-def]
 def _union_ms(events) -> float:  # type: ignore[no-untyped-def]
     """Milliseconds in which at least one of the profiled GPU kernels ran (copies left out, as
     NVML's utilization leaves them out)."""
-    spans = sorted((e.start_ns(), e.end_ns()) for e in events if e.activity_type() == "kernel")
+    from torch.autograd import DeviceType
+
+    spans = sorted(
+        (e.start_ns(), e.end_ns())
+        for e in events
+        if e.device_type() == DeviceType.CUDA and not e.name().startswith(("Memcpy", "Memset"))
+    )
     total, reached = 0, None
     for start, end in spans:
         if reached is None or start > reached:
