@@ -43,7 +43,7 @@ def _union_ms(events) -> float:  # type: ignore[no-untyped-def]
     from torch.autograd import DeviceType
 
     spans = sorted(
-        (e.start_ns(), e.end_ns())
+        (e.start_ns(), e.start_ns() + e.duration_ns())
         for e in events
         if e.device_type() == DeviceType.CUDA and not e.name().startswith(("Memcpy", "Memset"))
     )
