@@ -198,9 +198,10 @@ def graph_probe_figure(data: dict[str, Any]) -> str:
 
 def scoring_events_figure(data: dict[str, Any]) -> str:
     parts = [
-        f"{p['model']} model {p['task']}: {p['pass_s']:.2f} s, GPU in forwards "
-        f"{p['event_busy_pct']} %, idle {p['gpu_idle_before_first_ms']:.0f} ms before the first, "
-        f"{p['gpu_idle_after_last_ms']:.0f} ms after the last"
+        f"{p['model']} model {p['task']}: {p['pass_s']:.2f} s, "
+        + (f"kernels {p['kernel_busy_pct']} %, " if "kernel_busy_pct" in p else "")
+        + f"GPU in forwards {p['event_busy_pct']} %, idle {p['gpu_idle_before_first_ms']:.0f} ms "
+        f"before the first, {p['gpu_idle_after_last_ms']:.0f} ms after the last"
         for p in data.get("passes", [])
     ]
     return "; ".join(parts) or "no pass measured"

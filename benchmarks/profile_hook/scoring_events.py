@@ -37,6 +37,15 @@ def _timed(function, totals, key):  # type: ignore[no-untyped-def]
     return wrapper
 
 
+def _kernel_busy(kernels, pass_ms):  # type: ignore[no-untyped-def]
+    """The profiled pass's kernel milliseconds and their share of its ``pass_ms``."""
+    kernel_ms = _union_ms(kernels.profiler.kineto_results.events())
+    return {
+        "kernel_ms": round(kernel_ms, 1),
+        "kernel_busy_pct": round(100 * kernel_ms / pass_ms, 1),
+    }
+
+
 def _union_ms(events) -> float:  # type: ignore[no-untyped-def]
     """Milliseconds in which at least one of the profiled GPU kernels ran (copies left out, as
     NVML's utilization leaves them out)."""
@@ -114,11 +123,7 @@ def evented(score, folder):  # type: ignore[no-untyped-def]
         if kernels is not None:
             torch.cuda.synchronize()
             kernels.__exit__(None, None, None)
-            kernel_ms = _union_ms(kernels.profiler.kineto_results.events())
-            busy = {
-                "kernel_ms": round(kernel_ms, 1),
-                "kernel_busy_pct": round(100 * kernel_ms / first.elapsed_time(last), 1),
-            }
+            busy = _kernel_busy(kernels, first.elapsed_time(last))  # type: ignore[arg-type]
         if forwards:
             gpu = [begin.elapsed_time(end) for begin, end, _, _ in forwards]
             gaps = [a[1].elapsed_time(b[0]) for a, b in zip(forwards, forwards[1:])]
