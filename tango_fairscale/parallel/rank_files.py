@@ -111,9 +111,9 @@ class RankFiles(CheckpointFormat):
         here = "shards it" if self.sharded else "trains it whole"
         raise ConfigurationError(
             f"checkpoint {directory} holds {held} and this engine {here} (a sharded engine "
-            "trains the whole model on one GPU unless it offloads, checkpoints activations or "
-            "compiles; elsewhere its shards): resume where it was written, or delete it to train "
-            "from the start"
+            "trains the whole model on one GPU unless it offloads, compiles or trains in fp16; "
+            "elsewhere its shards): resume where it was written, or delete it to train from the "
+            "start"
         )
 
     def full_state(self, directory: Path, manifest: Manifest) -> dict[str, torch.Tensor]:
