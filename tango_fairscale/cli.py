@@ -46,7 +46,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from . import eval_cli
+from . import eval_arguments, eval_cli
 
 PROG = "tango-fairscale"
 
@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="write training loss and validation accuracy curves here",
     )
     results.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    eval_cli.add_parser(commands)
+    eval_arguments.add_parser(commands)
     _add_run(commands)
     _add_export(commands)
     _add_tiny_model(commands)

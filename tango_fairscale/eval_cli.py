@@ -3,7 +3,7 @@
 ::
 
     tango-fairscale eval --model PATH_OR_ID --tasks piqa,arc_easy [--num_fewshot K] [--limit N]
-        [--precision P] [--batch_size B] [--device_count N] [--engine E]
+        [--precision P] [--batch_size B] [--device DEVICE] [--device_count N] [--engine E]
         [--task_data_dir DIR] [-w WORKSPACE] [--output_path PATH]
 
 is ``tango run configs/mc_suite.jsonnet -D model=... -D tasks=... -D num_fewshot=K -D limit=N
@@ -15,6 +15,12 @@ settings in the same workspace, starts no step. ``--batch_size`` is the scoring 
 ``lm_eval --output_path`` (lm-eval 0.4.13's ``EvaluationTracker``) writes it: for a path ending in
 ``.json``, ``<stem>_<date>.json`` beside it; for any other path (a directory),
 ``<path>/<model name with / and : as __>/results_<date>.json``.
+
+An ``lm_eval`` command line for the Hugging Face backend runs with its program name changed:
+``--model hf --model_args pretrained=PATH_OR_ID[,dtype=D]`` names the model (``dtype``: float32 is
+``--precision 32-true``, bfloat16 ``bf16-true``, auto the package's ``auto``), ``--batch_size
+auto`` (or ``auto:N``) is the package's default batches, ``--device cuda``, ``cuda:N`` or ``cpu``
+picks where scoring runs (through ``CUDA_VISIBLE_DEVICES``, set before CUDA starts).
 
 Arguments that cannot be right are refused in one line before any work, with the command line
 checks of ``tango run`` (:mod:`tango_fairscale.command_line`: inputs that cannot be found) and the
@@ -33,103 +39,23 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+from .eval_arguments import (
+    DTYPE_PRECISIONS,
+    LM_EVAL_HF_MODELS,
+    MODEL_ARGS,
+    PRECISIONS,
+    default_workspace,
+)
 from .eval_results import header, lm_eval_results, results_file, results_tables, write_results
-from .evaluation import DEFAULT_BATCH_SIZE
 
 #: The config and settings the command runs: the repository's (next to the package).
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIG = REPO_ROOT / "configs" / "mc_suite.jsonnet"
 SETTINGS = REPO_ROOT / "tango.yml"
 
-ENGINES = ("ddp", "fairscale", "fsdp2", "pipe")
-PRECISIONS = ("auto", "32-true", "bf16-mixed", "16-mixed", "bf16-true")
-
 
 class EvalError(Exception):
     """A problem the command reports in one line (exit code 2)."""
-
-
-def default_workspace() -> Path:
-    """``$XDG_CACHE_HOME/tango-fairscale/workspace`` (``~/.cache/...`` without it)."""
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(cache) / "tango-fairscale" / "workspace"
-
-
-def add_parser(commands: argparse._SubParsersAction) -> None:
-    """The ``eval`` subcommand's parser, under ``commands``."""
-    parser = commands.add_parser(
-        "eval",
-        help="evaluate a model on lm-eval tasks like lm_eval, as cached Tango steps",
-        description="Evaluate a model on lm-eval tasks with the package's scorer: "
-        "'tango run configs/mc_suite.jsonnet' with these settings (the same cached steps), "
-        "then lm-eval's results table, and its results JSON with --output_path.",
-    )
-    _add_settings(parser)
-    parser.add_argument(
-        "-w",
-        "--workspace",
-        metavar="WORKSPACE",
-        help=f"Tango workspace holding the cached steps (default {_home(default_workspace())}; "
-        "'tango-fairscale results -w WORKSPACE' lists its runs)",
-    )
-    parser.add_argument(
-        "--output_path",
-        metavar="PATH",
-        help="write lm-eval's results JSON as lm_eval does: PATH.json -> PATH_<date>.json; a "
-        "directory -> PATH/<model>/results_<date>.json",
-    )
-
-
-def _add_settings(parser: argparse.ArgumentParser) -> None:
-    """The options that become the config's variables (and ``--batch_size``'s override)."""
-    parser.add_argument(
-        "--model", required=True, metavar="PATH_OR_ID", help="model directory or hub id"
-    )
-    parser.add_argument(
-        "--tasks",
-        required=True,
-        type=_task_list,
-        metavar="TASK[,TASK...]",
-        help="lm-eval task, group or tag names, comma-separated",
-    )
-    parser.add_argument(
-        "--num_fewshot",
-        type=_count,
-        default=0,
-        metavar="K",
-        help="few-shot examples per context (default 0)",
-    )
-    parser.add_argument(
-        "--limit",
-        type=_count,
-        default=0,
-        metavar="N",
-        help="at most N documents per task (default 0: all)",
-    )
-    parser.add_argument(
-        "--precision", choices=PRECISIONS, help="scoring precision (default: tango.yml's, auto)"
-    )
-    parser.add_argument(
-        "--batch_size",
-        type=_positive,
-        metavar="B",
-        help=f"queries per scoring batch (default {DEFAULT_BATCH_SIZE}; speed only: not cached)",
-    )
-    parser.add_argument(
-        "--device_count",
-        type=_positive,
-        metavar="N",
-        help="the config's device_count: devices for training; evaluation scores on one device "
-        "(the GPU when there is one)",
-    )
-    parser.add_argument(
-        "--engine", choices=ENGINES, help="the config's engine (used when it trains)"
-    )
-    parser.add_argument(
-        "--task_data_dir",
-        metavar="DIR",
-        help="local task data: DIR/<task>/<split>.jsonl (default: the tasks' hub datasets)",
-    )
 
 
 def run(args: argparse.Namespace, prog: str) -> int:
@@ -140,6 +66,9 @@ def run(args: argparse.Namespace, prog: str) -> int:
             f"{CONFIG} not found: 'eval' runs the repository's configs/mc_suite.jsonnet; install "
             "the package from its source tree (pip install -e .)"
         )
+    take_model_args(args)
+    if args.device is not None:
+        use_device(args.device)
     for value in (args.model, args.task_data_dir):
         if value is not None and "=" in value:
             raise EvalError(f"'=' in {value!r}: Tango's -D values cannot hold one")
@@ -166,6 +95,76 @@ def run(args: argparse.Namespace, prog: str) -> int:
         path = write_results(results, args.output_path)
         print(f"{prog}: wrote {path}", file=sys.stderr)
     return 0
+
+
+def take_model_args(args: argparse.Namespace) -> None:
+    """Resolve lm_eval's ``--model hf --model_args pretrained=...,dtype=...`` into ``args.model``
+    and ``args.precision``; refuse (:class:`EvalError`) what the package does not take."""
+    hf_backend = args.model in LM_EVAL_HF_MODELS and not Path(args.model).exists()
+    if args.model_args is None:
+        if hf_backend:
+            raise EvalError(
+                f"--model {args.model} names lm-eval's Hugging Face backend: give the model as "
+                "--model_args pretrained=PATH_OR_ID, or as --model PATH_OR_ID"
+            )
+        return
+    if not hf_backend:
+        raise EvalError(
+            f"--model_args goes with lm_eval's --model hf, not with --model {args.model}: leave "
+            "it out, or pass --model hf --model_args pretrained=PATH_OR_ID"
+        )
+    from lm_eval.utils import simple_parse_args_string
+
+    given = simple_parse_args_string(args.model_args)
+    unknown = [key for key in given if key not in MODEL_ARGS]
+    if unknown:
+        raise EvalError(
+            f"--model_args: {', '.join(unknown)} not taken (taken: {', '.join(MODEL_ARGS)})"
+        )
+    if given.get("trust_remote_code"):
+        raise EvalError(
+            "--model_args trust_remote_code=True: models are loaded without running code from "
+            "their files; use a model whose architecture transformers includes"
+        )
+    if not given.get("pretrained"):
+        raise EvalError("--model_args names no model: give pretrained=PATH_OR_ID")
+    args.model = str(given["pretrained"])
+    if "dtype" in given:
+        dtype = str(given["dtype"])
+        precision = DTYPE_PRECISIONS.get(dtype)
+        if precision is None:
+            raise EvalError(
+                f"--model_args dtype={dtype}: take float32, bfloat16 or auto, or --precision "
+                f"({', '.join(PRECISIONS)}; 16-mixed scores float16 under autocast)"
+            )
+        if args.precision not in (None, precision):
+            raise EvalError(
+                f"--model_args dtype={dtype} is --precision {precision}, and --precision "
+                f"{args.precision} was given: give one of them"
+            )
+        args.precision = precision
+
+
+def use_device(device: str) -> None:
+    """Make ``device`` (``cpu``, ``cuda`` or ``cuda:N``) the one scoring runs on, through
+    ``CUDA_VISIBLE_DEVICES`` (so call before CUDA starts: this process's scoring and any worker
+    it spawns see it); refuse (:class:`EvalError`) a GPU that is not there."""
+    if device == "cpu":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+        return
+    index = int(device.partition(":")[2] or 0)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        listed = [item.strip() for item in visible.split(",") if item.strip()]
+        chosen = listed[index] if index < len(listed) else None
+    else:
+        chosen = str(index)
+    import torch
+
+    if chosen is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = chosen
+    if chosen is None or not torch.cuda.is_available():
+        raise EvalError(f"--device {device}: this machine has no such GPU visible")
 
 
 def tango_arguments(args: argparse.Namespace, workspace: str, name: str) -> list[str]:
@@ -245,36 +244,3 @@ def check(argv: list[str]) -> None:
         if brief is None:
             raise
         raise EvalError(brief) from None
-
-
-def _task_list(text: str) -> list[str]:
-    tasks = [name.strip() for name in text.split(",") if name.strip()]
-    if not tasks:
-        raise argparse.ArgumentTypeError(f"names no task: {text!r}")
-    return tasks
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a whole number >= 0, got {text!r}")
-    return value
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive whole number, got {text!r}")
-    return value
-
-
-def _home(path: Path) -> str:
-    home = os.path.expanduser("~")
-    text = str(path)
-    return "~" + text[len(home) :] if text.startswith(home + os.sep) else text

@@ -38,25 +38,6 @@ def assert_one_line_error(code: int, err: str, fragment: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("option", "fragment"),
-    [
-        (["--limit", "0.5"], "argument --limit: must be a whole number >= 0, got '0.5'"),
-        (["--num_fewshot", "-1"], "argument --num_fewshot: must be a whole number >= 0"),
-        (["--batch_size", "0"], "argument --batch_size: must be a positive whole number"),
-        (["--precision", "fp8"], "argument --precision: invalid choice: 'fp8'"),
-        (["--engine", "deepspeed"], "argument --engine: invalid choice: 'deepspeed'"),
-    ],
-)
-def test_malformed_arguments_are_refused_by_the_parser(
-    capsys: pytest.CaptureFixture[str], option: list[str], fragment: str
-) -> None:
-    with pytest.raises(SystemExit) as done:
-        main(["eval", "--model", "m", "--tasks", "copa", *option])
-    assert done.value.code == 2
-    assert fragment in capsys.readouterr().err.splitlines()[-1]
-
-
-@pytest.mark.parametrize(
     ("tasks", "model", "fragment"),
     [
         ("copa,arc_eesy", None, "unknown lm-eval task 'arc_eesy'; did you mean 'arc_easy'"),
@@ -113,6 +94,80 @@ def test_the_tango_command_line_is_mc_suite_with_its_variables() -> None:
     ]
     overrides = json.loads(argv[argv.index("-o") + 1])  # the scoring batch size: not in the key
     assert overrides == {"steps.scores_copa.batch_size": 64, "steps.scores_arc_easy.batch_size": 64}
+
+
+def test_lm_evals_hf_command_line_names_the_model_its_dtype_and_batch_size() -> None:
+    """``lm_eval --model hf --model_args pretrained=...,dtype=... --batch_size auto`` with the
+    program name changed: the same config variables as ``--model PATH --precision P``."""
+    from tango_fairscale.eval_cli import take_model_args
+
+    model_args = ["--model", "hf", "--model_args", "pretrained=/m,dtype=bfloat16"]
+    for batch_size in ("auto", "auto:4"):
+        args = eval_args(*model_args, "--tasks", "copa", "--batch_size", batch_size)
+        assert args.batch_size is None  # the package's default batches
+    take_model_args(args)
+    plain = eval_args("--model", "/m", "--tasks", "copa", "--precision", "bf16-true")
+    assert tango_arguments(args, "/ws", "x") == tango_arguments(plain, "/ws", "x")
+    for dtype, precision in (("float32", "32-true"), ("auto", "auto")):
+        args = eval_args(*model_args[:3], f"pretrained=/m,dtype={dtype}", "--tasks", "copa")
+        take_model_args(args)
+        assert (args.model, args.precision) == ("/m", precision)
+
+
+@pytest.mark.parametrize(
+    ("option", "fragment"),
+    [
+        (["--model", "hf"], "--model hf names lm-eval's Hugging Face backend: give the model as"),
+        (["--model", "m", "--model_args", "pretrained=/m"], "--model_args goes with lm_eval's"),
+        (["--model", "hf", "--model_args", "dtype=float32"], "names no model: give pretrained="),
+        (
+            ["--model", "hf", "--model_args", "pretrained=/m,revision=main,parallelize=True"],
+            "--model_args: revision, parallelize not taken (taken: pretrained, dtype,",
+        ),
+        (
+            ["--model", "hf", "--model_args", "pretrained=/m,trust_remote_code=True"],
+            "models are loaded without running code from their files",
+        ),
+        (
+            ["--model", "hf", "--model_args", "pretrained=/m,dtype=float16"],
+            "dtype=float16: take float32, bfloat16 or auto, or --precision",
+        ),
+        (
+            ["--model", "hf", "--model_args", "pretrained=/m,dtype=float32"]
+            + ["--precision", "bf16-mixed"],
+            "dtype=float32 is --precision 32-true, and --precision bf16-mixed was given",
+        ),
+    ],
+)
+def test_lm_evals_model_arguments_that_cannot_be_taken_are_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], option: list[str], fragment: str
+) -> None:
+    workspace = tmp_path / "workspace"
+    code = main(["eval", *option, "--tasks", "copa", "-w", str(workspace)])
+    assert_one_line_error(code, capsys.readouterr().err, fragment)
+    assert not workspace.exists()
+
+
+def test_the_device_is_chosen_through_cuda_visible_devices(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``--device cpu`` hides the GPUs; ``cuda:N`` keeps the N-th visible one, refused in one
+    line where there is none (this machine: no GPU at all)."""
+    import torch
+
+    from tango_fairscale.eval_cli import EvalError, use_device
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    use_device("cpu")
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == ""
+    if torch.cuda.is_available():
+        pytest.skip("the refusal needs a machine without a GPU")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,7")
+    with pytest.raises(EvalError, match="--device cuda:1: this machine has no such GPU visible"):
+        use_device("cuda:1")
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "7"
+    with pytest.raises(EvalError, match="--device cuda:2: this machine has no such GPU"):
+        use_device("cuda:2")
 
 
 @pytest.mark.parametrize("output", ["out.json", "results", "nested/dir"])

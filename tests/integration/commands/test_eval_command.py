@@ -1,5 +1,6 @@
-"""``tango-fairscale eval`` as a command on two fixture tasks (two commands, ~10 s each). Its
-arguments and results file are ``tests/test_eval_cli.py``."""
+"""``tango-fairscale eval`` as a command on two fixture tasks (two commands, ~10 s each), given
+as lm_eval's command line for its Hugging Face backend. Its arguments and results file are
+``tests/test_eval_cli.py``."""
 
 from __future__ import annotations
 
@@ -20,7 +21,10 @@ def test_eval_is_mc_suite_with_lm_eval_output(tmp_path: Path, tokenizer_dir: Pat
     model = save_tiny_gpt2(tmp_path / "model", tokenizer_dir, n_positions=256)
     workspace, out = tmp_path / "workspace", tmp_path / "out"
     settings = ["--tasks", "copa,arc_easy", "--limit", "4", "--task_data_dir", str(FIXTURES)]
-    command = [sys.executable, "-m", "tango_fairscale", "eval", "--model", str(model), *settings]
+    # lm_eval's own command line for its Hugging Face backend, the program name changed.
+    lm_eval_form = ["--model", "hf", "--model_args", f"pretrained={model},dtype=float32"]
+    lm_eval_form += ["--batch_size", "auto", "--device", "cpu"]
+    command = [sys.executable, "-m", "tango_fairscale", "eval", *lm_eval_form, *settings]
     output = run_command(command + ["-w", str(workspace), "--output_path", str(out)], tmp_path)
 
     assert f"tango_fairscale (pretrained={model}), gen_kwargs: (None), limit: 4" in output
@@ -38,6 +42,7 @@ def test_eval_is_mc_suite_with_lm_eval_output(tmp_path: Path, tokenizer_dir: Pat
     assert results["model_name"] == str(model) and results["n-samples"]["copa"]["effective"] == 4
 
     defines = {"model": model, "tasks": "copa,arc_easy", "limit": 4, "task_data_dir": FIXTURES}
+    defines["precision"] = "32-true"  # dtype=float32
     tango = [sys.executable, "-m", "tango", "run", "configs/mc_suite.jsonnet", "-w", str(workspace)]
     tango += ["-n", "plain"] + [f"-D{name}={value}" for name, value in defines.items()]
     rerun = run_command(tango, REPO_ROOT)

@@ -1,0 +1,181 @@
+"""``tango-fairscale eval``'s arguments: its parser, with the forms of ``lm_eval``'s command line
+it takes (``--model hf --model_args``, ``--batch_size auto``, ``--device``), each checked as it is
+parsed; :mod:`tango_fairscale.eval_cli` runs the command."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from .evaluation import DEFAULT_BATCH_SIZE
+
+ENGINES = ("ddp", "fairscale", "fsdp2", "pipe")
+PRECISIONS = ("auto", "32-true", "bf16-mixed", "16-mixed", "bf16-true")
+#: lm-eval's names of its Hugging Face backend: ``--model hf --model_args pretrained=...``.
+LM_EVAL_HF_MODELS = ("hf", "hf-auto", "huggingface")
+#: lm-eval's ``dtype`` model argument (a torch dtype's name, or auto) -> the package's precision.
+DTYPE_PRECISIONS = {
+    "float32": "32-true",
+    "float": "32-true",
+    "bfloat16": "bf16-true",
+    "auto": "auto",
+}
+#: The ``--model_args`` keys taken (lm-eval's HF backend has more).
+MODEL_ARGS = ("pretrained", "dtype", "trust_remote_code")
+
+
+def default_workspace() -> Path:
+    """``$XDG_CACHE_HOME/tango-fairscale/workspace`` (``~/.cache/...`` without it)."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "tango-fairscale" / "workspace"
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    """The ``eval`` subcommand's parser, under ``commands``."""
+    parser = commands.add_parser(
+        "eval",
+        allow_abbrev=False,  # lm_eval's --device must not be taken for --device_count
+        help="evaluate a model on lm-eval tasks like lm_eval, as cached Tango steps",
+        description="Evaluate a model on lm-eval tasks with the package's scorer: "
+        "'tango run configs/mc_suite.jsonnet' with these settings (the same cached steps), "
+        "then lm-eval's results table, and its results JSON with --output_path.",
+    )
+    _add_settings(parser)
+    parser.add_argument(
+        "-w",
+        "--workspace",
+        metavar="WORKSPACE",
+        help=f"Tango workspace holding the cached steps (default {_home(default_workspace())}; "
+        "'tango-fairscale results -w WORKSPACE' lists its runs)",
+    )
+    parser.add_argument(
+        "--output_path",
+        metavar="PATH",
+        help="write lm-eval's results JSON as lm_eval does: PATH.json -> PATH_<date>.json; a "
+        "directory -> PATH/<model>/results_<date>.json",
+    )
+
+
+def _add_model(parser: argparse.ArgumentParser) -> None:
+    """``--model`` and lm_eval's ``--model_args``."""
+    parser.add_argument(
+        "--model",
+        required=True,
+        metavar="PATH_OR_ID",
+        help="model directory or hub id; or lm_eval's 'hf' with --model_args",
+    )
+    parser.add_argument(
+        "--model_args",
+        metavar="pretrained=PATH_OR_ID[,dtype=D]",
+        help="with --model hf, as lm_eval takes them: the model, and optionally its dtype "
+        "(float32, bfloat16 or auto: --precision 32-true, bf16-true or auto)",
+    )
+
+
+def _add_settings(parser: argparse.ArgumentParser) -> None:
+    """The options that become the config's variables (and ``--batch_size``'s override)."""
+    _add_model(parser)
+    parser.add_argument(
+        "--tasks",
+        required=True,
+        type=_task_list,
+        metavar="TASK[,TASK...]",
+        help="lm-eval task, group or tag names, comma-separated",
+    )
+    parser.add_argument(
+        "--num_fewshot",
+        type=_count,
+        default=0,
+        metavar="K",
+        help="few-shot examples per context (default 0)",
+    )
+    parser.add_argument(
+        "--limit",
+        type=_count,
+        default=0,
+        metavar="N",
+        help="at most N documents per task (default 0: all)",
+    )
+    parser.add_argument(
+        "--precision", choices=PRECISIONS, help="scoring precision (default: tango.yml's, auto)"
+    )
+    parser.add_argument(
+        "--batch_size",
+        type=_batch_size,
+        metavar="B",
+        help=f"queries per scoring batch (default {DEFAULT_BATCH_SIZE}, also for lm_eval's auto "
+        "and auto:N; speed only: not cached)",
+    )
+    parser.add_argument(
+        "--device",
+        type=_device,
+        metavar="DEVICE",
+        help="cuda, cuda:N or cpu: where scoring runs (default: the first GPU when there is one)",
+    )
+    parser.add_argument(
+        "--device_count",
+        type=_positive,
+        metavar="N",
+        help="the config's device_count: devices for training; evaluation scores on one device "
+        "(the GPU when there is one)",
+    )
+    parser.add_argument(
+        "--engine", choices=ENGINES, help="the config's engine (used when it trains)"
+    )
+    parser.add_argument(
+        "--task_data_dir",
+        metavar="DIR",
+        help="local task data: DIR/<task>/<split>.jsonl (default: the tasks' hub datasets)",
+    )
+
+
+def _task_list(text: str) -> list[str]:
+    tasks = [name.strip() for name in text.split(",") if name.strip()]
+    if not tasks:
+        raise argparse.ArgumentTypeError(f"names no task: {text!r}")
+    return tasks
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 0, got {text!r}")
+    return value
+
+
+def _batch_size(text: str) -> int | None:
+    """A positive whole number, or lm_eval's ``auto`` / ``auto:N`` (``None``: the default)."""
+    if text == "auto" or (text.startswith("auto:") and text[5:].isdigit()):
+        return None
+    try:
+        return _positive(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"must be a positive whole number, auto or auto:N, got {text!r}"
+        ) from None
+
+
+def _device(text: str) -> str:
+    if text in ("cpu", "cuda") or (text.startswith("cuda:") and text[5:].isdigit()):
+        return text
+    raise argparse.ArgumentTypeError(f"must be cuda, cuda:N or cpu, got {text!r}")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive whole number, got {text!r}")
+    return value
+
+
+def _home(path: Path) -> str:
+    home = os.path.expanduser("~")
+    text = str(path)
+    return "~" + text[len(home) :] if text.startswith(home + os.sep) else text
