@@ -11,7 +11,8 @@
 //                  own schema; empty = the tasks' hub datasets
 //   data_dir       the official PIQA files (as gpt2_piqa.jsonnet): task piqa   ""
 //                  reads them (a `piqa` step) instead of task_data_dir/piqa
-//   num_fewshot    few-shot examples per context                            0
+//   num_fewshot    few-shot examples per context; empty = each task's own   0
+//                  (lm_eval's default: tango-fairscale eval's without --num_fewshot)
 //   train_steps    optimizer steps of fine-tuning first; 0 = evaluate only      0
 //   model, engine, precision, device_count, batch_size, lr, seed, validate_every,
 //   warmup_steps, lr_decay, log_every, limit (documents per task; 0 = all)  as gpt2_piqa.jsonnet
@@ -27,7 +28,7 @@ local variables = import 'lib/variables.libsonnet';
 
 local train_steps = variables.intOr('train_steps', 0);  // tango.yml: '' = evaluate only
 local limit = variables.int('limit');
-local num_fewshot = variables.int('num_fewshot');
+local num_fewshot = variables.intOr('num_fewshot', null);  // null: each task's own
 local schedule = {
   warmup_steps: variables.int('warmup_steps'),
   train_steps: train_steps,

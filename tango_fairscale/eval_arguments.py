@@ -86,9 +86,8 @@ def _add_settings(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--num_fewshot",
         type=_count,
-        default=0,
         metavar="K",
-        help="few-shot examples per context (default 0)",
+        help="few-shot examples per context (default: each task's own, as lm_eval)",
     )
     parser.add_argument(
         "--limit",

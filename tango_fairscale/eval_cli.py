@@ -7,7 +7,8 @@
         [--task_data_dir DIR] [-w WORKSPACE] [--output_path PATH]
 
 is ``tango run configs/mc_suite.jsonnet -D model=... -D tasks=... -D num_fewshot=K -D limit=N
--D train_steps=0`` (with tango.yml's defaults for the rest), run in this process as ``tango run``
+-D train_steps=0`` (``-D num_fewshot=`` without ``--num_fewshot``: each task's own, as lm_eval;
+tango.yml's defaults for the rest), run in this process as ``tango run``
 runs it: the same steps with the same cache keys, so a rerun, or a ``tango run`` of the same
 settings in the same workspace, starts no step. ``--batch_size`` is the scoring steps' batch size
 (not part of their cache key). Afterwards it prints lm-eval's results table
@@ -172,7 +173,7 @@ def tango_arguments(args: argparse.Namespace, workspace: str, name: str) -> list
     defines = {
         "model": args.model,
         "tasks": ",".join(args.tasks),
-        "num_fewshot": str(args.num_fewshot),
+        "num_fewshot": "" if args.num_fewshot is None else str(args.num_fewshot),
         "limit": str(args.limit),
         "train_steps": "0",
     }

@@ -88,7 +88,7 @@ def test_the_tango_command_line_is_mc_suite_with_its_variables() -> None:
     assert defines == [
         "model=/m",
         "tasks=copa,arc_easy",
-        "num_fewshot=0",
+        "num_fewshot=",  # each task's own, as lm_eval's default
         "limit=4",
         "train_steps=0",
     ]

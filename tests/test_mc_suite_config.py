@@ -94,3 +94,19 @@ def test_the_official_piqa_files_are_read_through_a_piqa_step() -> None:
     assert "piqa" not in evaluate(MC_SUITE, tasks="piqa,copa")["steps"]
     trained = evaluate(MC_SUITE, tasks="copa", data_dir="/data/piqa", train_steps="3")["steps"]
     assert trained["trained_model"]["task"]["dataset"] == {"type": "ref", "ref": "piqa"}
+
+
+def test_an_empty_num_fewshot_is_each_tasks_own() -> None:
+    """``-D num_fewshot=`` (what ``tango-fairscale eval`` passes without ``--num_fewshot``, as
+    ``lm_eval`` defaults): no count in the task spec, so each task's YAML count holds (gsm8k: 5,
+    copa: none, 0)."""
+    from tango_fairscale.tasks.lm_eval import TaskSpec, load_tasks
+
+    variables = {"tasks": "copa,gsm8k", "num_fewshot": "", "task_data_dir": str(FIXTURES)}
+    steps = evaluate(MC_SUITE, **variables)["steps"]
+    for task, count in (("gsm8k", 5), ("copa", 0)):
+        spec = steps[f"scores_{task}"]["task"]
+        assert spec["num_fewshot"] is None
+        loaded = load_tasks(TaskSpec(**spec))["tasks"][task]
+        assert loaded.get_config("num_fewshot") == count
+    assert evaluate(MC_SUITE, tasks="gsm8k")["steps"]["scores_gsm8k"]["task"]["num_fewshot"] == 0

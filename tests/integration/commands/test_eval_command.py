@@ -43,6 +43,7 @@ def test_eval_is_mc_suite_with_lm_eval_output(tmp_path: Path, tokenizer_dir: Pat
 
     defines = {"model": model, "tasks": "copa,arc_easy", "limit": 4, "task_data_dir": FIXTURES}
     defines["precision"] = "32-true"  # dtype=float32
+    defines["num_fewshot"] = ""  # no --num_fewshot: each task's own, as lm_eval
     tango = [sys.executable, "-m", "tango", "run", "configs/mc_suite.jsonnet", "-w", str(workspace)]
     tango += ["-n", "plain"] + [f"-D{name}={value}" for name, value in defines.items()]
     rerun = run_command(tango, REPO_ROOT)
