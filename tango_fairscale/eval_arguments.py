@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from typing import Any
 
 from .evaluation import DEFAULT_BATCH_SIZE
 
@@ -61,15 +62,18 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
     """``--model`` and lm_eval's ``--model_args``."""
     parser.add_argument(
         "--model",
-        required=True,
+        "-M",
         metavar="PATH_OR_ID",
-        help="model directory or hub id; or lm_eval's 'hf' with --model_args",
+        help="model directory or hub id; or lm_eval's 'hf' (its default) with --model_args",
     )
     parser.add_argument(
         "--model_args",
+        "-a",
+        nargs="+",
         metavar="pretrained=PATH_OR_ID[,dtype=D]",
-        help="with --model hf, as lm_eval takes them: the model, and optionally its dtype "
-        "(float32, bfloat16 or auto: --precision 32-true, bf16-true or auto)",
+        help="lm_eval's model arguments for its hf model ('k=v,k2=v2', 'k=v k2=v2' or JSON): "
+        "the model, and optionally its dtype (float32, bfloat16 or auto: --precision 32-true, "
+        "bf16-true or auto)",
     )
 
 
@@ -78,10 +82,12 @@ def _add_settings(parser: argparse.ArgumentParser) -> None:
     _add_model(parser)
     parser.add_argument(
         "--tasks",
+        "-t",
         required=True,
-        type=_task_list,
+        nargs="+",
+        action=_TaskNames,
         metavar="TASK[,TASK...]",
-        help="lm-eval task, group or tag names, comma-separated",
+        help="lm-eval task, group or tag names, separated by commas or spaces",
     )
     parser.add_argument(
         "--num_fewshot",
@@ -129,11 +135,20 @@ def _add_settings(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _task_list(text: str) -> list[str]:
-    tasks = [name.strip() for name in text.split(",") if name.strip()]
-    if not tasks:
-        raise argparse.ArgumentTypeError(f"names no task: {text!r}")
-    return tasks
+class _TaskNames(argparse.Action):
+    """``--tasks``: names separated by commas or spaces, as lm_eval takes them."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        names = [name.strip() for value in values for name in value.split(",") if name.strip()]
+        if not names:
+            parser.error(f"argument {option_string}: names no task: {' '.join(values)!r}")
+        setattr(namespace, self.dest, (getattr(namespace, self.dest) or []) + names)
 
 
 def _count(text: str) -> int:

@@ -39,6 +39,7 @@ import sys
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from .eval_arguments import (
     DTYPE_PRECISIONS,
@@ -99,9 +100,16 @@ def run(args: argparse.Namespace, prog: str) -> int:
 
 
 def take_model_args(args: argparse.Namespace) -> None:
-    """Resolve lm_eval's ``--model hf --model_args pretrained=...,dtype=...`` into ``args.model``
-    and ``args.precision``; refuse (:class:`EvalError`) what the package does not take."""
-    hf_backend = args.model in LM_EVAL_HF_MODELS and not Path(args.model).exists()
+    """Resolve lm_eval's ``--model hf --model_args pretrained=...,dtype=...`` (``hf``: lm_eval's
+    default) into ``args.model`` and ``args.precision``; refuse (:class:`EvalError`) what the
+    package does not take."""
+    if args.model is None and args.model_args is None:
+        raise EvalError(
+            "give the model: --model PATH_OR_ID, or lm_eval's --model_args pretrained=PATH_OR_ID"
+        )
+    hf_backend = args.model is None or (
+        args.model in LM_EVAL_HF_MODELS and not Path(args.model).exists()
+    )
     if args.model_args is None:
         if hf_backend:
             raise EvalError(
@@ -114,9 +122,7 @@ def take_model_args(args: argparse.Namespace) -> None:
             f"--model_args goes with lm_eval's --model hf, not with --model {args.model}: leave "
             "it out, or pass --model hf --model_args pretrained=PATH_OR_ID"
         )
-    from lm_eval.utils import simple_parse_args_string
-
-    given = simple_parse_args_string(args.model_args)
+    given = _model_args(args.model_args)
     unknown = [key for key in given if key not in MODEL_ARGS]
     if unknown:
         raise EvalError(
@@ -144,6 +150,20 @@ def take_model_args(args: argparse.Namespace) -> None:
                 f"{args.precision} was given: give one of them"
             )
         args.precision = precision
+
+
+def _model_args(values: list[str]) -> dict[str, Any]:
+    """lm_eval's ``--model_args`` values: ``k=v,k2=v2``, ``k=v k2=v2`` or one JSON object."""
+    from lm_eval.utils import simple_parse_args_string
+
+    if len(values) == 1 and values[0].lstrip().startswith("{"):
+        try:
+            given = json.loads(values[0])
+        except json.JSONDecodeError as error:
+            raise EvalError(f"--model_args: not a JSON object ({error})") from None
+        if isinstance(given, dict):
+            return given
+    return simple_parse_args_string(",".join(values))
 
 
 def use_device(device: str) -> None:

@@ -108,6 +108,20 @@ def test_lm_evals_hf_command_line_names_the_model_its_dtype_and_batch_size() -> 
     take_model_args(args)
     plain = eval_args("--model", "/m", "--tasks", "copa", "--precision", "bf16-true")
     assert tango_arguments(args, "/ws", "x") == tango_arguments(plain, "/ws", "x")
+    # lm_eval's other spellings: space-separated or JSON model arguments, hf as the default
+    # model, tasks separated by spaces, its short options.
+    for spelling in (
+        ["-M", "hf", "-a", "pretrained=/m", "dtype=bfloat16", "-t", "copa"],
+        ["--model_args", '{"pretrained": "/m", "dtype": "bfloat16"}', "--tasks", "copa"],
+    ):
+        args = eval_args(*spelling)
+        take_model_args(args)
+        assert tango_arguments(args, "/ws", "x") == tango_arguments(plain, "/ws", "x")
+    assert eval_args("--model", "m", "--tasks", "copa", "arc_easy,piqa").tasks == [
+        "copa",
+        "arc_easy",
+        "piqa",
+    ]
     for dtype, precision in (("float32", "32-true"), ("auto", "auto")):
         args = eval_args(*model_args[:3], f"pretrained=/m,dtype={dtype}", "--tasks", "copa")
         take_model_args(args)
@@ -118,6 +132,8 @@ def test_lm_evals_hf_command_line_names_the_model_its_dtype_and_batch_size() -> 
     ("option", "fragment"),
     [
         (["--model", "hf"], "--model hf names lm-eval's Hugging Face backend: give the model as"),
+        ([], "give the model: --model PATH_OR_ID, or lm_eval's --model_args pretrained="),
+        (["--model_args", "{'pretrained': 1}"], "--model_args: not a JSON object (Expecting"),
         (["--model", "m", "--model_args", "pretrained=/m"], "--model_args goes with lm_eval's"),
         (["--model", "hf", "--model_args", "dtype=float32"], "names no model: give pretrained="),
         (
