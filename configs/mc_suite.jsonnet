@@ -17,6 +17,10 @@
 //   model, engine, precision, device_count, batch_size, lr, seed, validate_every,
 //   warmup_steps, lr_decay, log_every, limit (documents per task; 0 = all)  as gpt2_piqa.jsonnet
 //   train_task     the task trained on when train_steps > 0 (its training split)   piqa
+//   apply_chat_template   prompts in the tokenizer's chat template (lm-eval's own)   false
+//   fewshot_as_multiturn  few-shot examples as chat turns; empty = lm-eval's     ""
+//                         default (true with the chat template)
+//   system_instruction    a system prompt (lm-eval's --system_instruction)   ""
 //
 // Steps: `requests_<task>` for each task (lm-eval's requests, built once for every model: a
 // second model on the same tasks in the same workspace builds none), `tokens_<task>` (those
@@ -29,6 +33,9 @@ local variables = import 'lib/variables.libsonnet';
 local train_steps = variables.intOr('train_steps', 0);  // tango.yml: '' = evaluate only
 local limit = variables.int('limit');
 local num_fewshot = variables.intOr('num_fewshot', null);  // null: each task's own
+local chat = variables.bool('apply_chat_template');
+local multiturn = variables.boolOr('fewshot_as_multiturn', null);  // null: TaskSpec's (true)
+local system_instruction = std.extVar('system_instruction');
 local schedule = {
   warmup_steps: variables.int('warmup_steps'),
   train_steps: train_steps,
@@ -46,6 +53,8 @@ assert std.length(names) > 0 : '-D tasks must name at least one lm-eval task';
 assert std.length(repeated) == 0 :
        '-D tasks lists %s more than once; list each task once' % std.join(', ', repeated);
 assert train_steps >= 0 : 'train_steps must be 0 (evaluate only) or positive';
+assert chat || multiturn != true :
+       '-D fewshot_as_multiturn=true needs -D apply_chat_template=true (turns of a chat template)';
 assert limit >= 0 : 'limit must be 0 (all examples) or positive, got %d' % limit;
 local precisions = ['auto', '32-true', 'bf16-mixed', '16-mixed', 'bf16-true'];
 assert std.member(precisions, std.extVar('precision')) :
@@ -55,6 +64,9 @@ local official_piqa(name) = name == 'piqa' && piqa_dir != '';
 local task(name) = {
   name: name,
   num_fewshot: num_fewshot,
+  [if chat then 'apply_chat_template']: true,
+  [if chat && multiturn != null then 'fewshot_as_multiturn']: multiturn,
+  [if system_instruction != '' then 'system_instruction']: system_instruction,
   [if limit > 0 then 'limit']: limit,
   [if official_piqa(name) then 'dataset']: ref('piqa'),
   [if data_dir != '' && !official_piqa(name) then 'data_dir']: data_dir + '/' + name,

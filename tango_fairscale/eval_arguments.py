@@ -77,9 +77,35 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_chat(parser: argparse.ArgumentParser) -> None:
+    """lm_eval's chat formatting: ``--apply_chat_template``, ``--fewshot_as_multiturn``,
+    ``--system_instruction``."""
+    parser.add_argument(
+        "--apply_chat_template",
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="TEMPLATE",
+        help="prompts in the tokenizer's chat template, as lm_eval writes them (its default "
+        "template: no name)",
+    )
+    parser.add_argument(
+        "--fewshot_as_multiturn",
+        nargs="?",
+        const=True,
+        type=_boolean,
+        metavar="BOOL",
+        help="few-shot examples as chat turns (default: true with --apply_chat_template)",
+    )
+    parser.add_argument(
+        "--system_instruction", metavar="TEXT", help="a system prompt, as lm_eval adds it"
+    )
+
+
 def _add_settings(parser: argparse.ArgumentParser) -> None:
     """The options that become the config's variables (and ``--batch_size``'s override)."""
     _add_model(parser)
+    _add_chat(parser)
     parser.add_argument(
         "--tasks",
         "-t",
@@ -171,6 +197,14 @@ def _batch_size(text: str) -> int | None:
         raise argparse.ArgumentTypeError(
             f"must be a positive whole number, auto or auto:N, got {text!r}"
         ) from None
+
+
+def _boolean(text: str) -> bool:
+    if text.lower() in ("true", "1", "yes"):
+        return True
+    if text.lower() in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"must be true or false, got {text!r}")
 
 
 def _device(text: str) -> str:

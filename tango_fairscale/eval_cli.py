@@ -21,7 +21,9 @@ An ``lm_eval`` command line for the Hugging Face backend runs with its program n
 ``--model hf --model_args pretrained=PATH_OR_ID[,dtype=D]`` names the model (``dtype``: float32 is
 ``--precision 32-true``, bfloat16 ``bf16-true``, auto the package's ``auto``), ``--batch_size
 auto`` (or ``auto:N``) is the package's default batches, ``--device cuda``, ``cuda:N`` or ``cpu``
-picks where scoring runs (through ``CUDA_VISIBLE_DEVICES``, set before CUDA starts).
+picks where scoring runs (through ``CUDA_VISIBLE_DEVICES``, set before CUDA starts), and
+``--apply_chat_template``, ``--fewshot_as_multiturn`` and ``--system_instruction`` format the
+prompts as lm_eval does (the config's variables of the same names).
 
 Arguments that cannot be right are refused in one line before any work, with the command line
 checks of ``tango run`` (:mod:`tango_fairscale.command_line`: inputs that cannot be found) and the
@@ -69,9 +71,10 @@ def run(args: argparse.Namespace, prog: str) -> int:
             "the package from its source tree (pip install -e .)"
         )
     take_model_args(args)
+    check_chat(args)
     if args.device is not None:
         use_device(args.device)
-    for value in (args.model, args.task_data_dir):
+    for value in (args.model, args.task_data_dir, args.system_instruction):
         if value is not None and "=" in value:
             raise EvalError(f"'=' in {value!r}: Tango's -D values cannot hold one")
     if args.output_path:  # made now: a path that cannot hold the results fails before any work
@@ -152,6 +155,19 @@ def take_model_args(args: argparse.Namespace) -> None:
         args.precision = precision
 
 
+def check_chat(args: argparse.Namespace) -> None:
+    """Refuse (:class:`EvalError`) chat settings the package does not take: a chat template by
+    name (the tokenizer's default one is used), few-shot turns without a chat template (as
+    lm_eval refuses them)."""
+    if args.apply_chat_template not in (True, False):
+        raise EvalError(
+            f"--apply_chat_template {args.apply_chat_template}: templates are not chosen by name "
+            "here (the tokenizer's default one is used); leave the name out"
+        )
+    if args.fewshot_as_multiturn and not args.apply_chat_template:
+        raise EvalError("--fewshot_as_multiturn needs --apply_chat_template (turns of a chat)")
+
+
 def _model_args(values: list[str]) -> dict[str, Any]:
     """lm_eval's ``--model_args`` values: ``k=v,k2=v2``, ``k=v k2=v2`` or one JSON object."""
     from lm_eval.utils import simple_parse_args_string
@@ -197,10 +213,14 @@ def tango_arguments(args: argparse.Namespace, workspace: str, name: str) -> list
         "limit": str(args.limit),
         "train_steps": "0",
     }
-    for field in ("precision", "device_count", "engine", "task_data_dir"):
+    for field in ("precision", "device_count", "engine", "task_data_dir", "system_instruction"):
         value = getattr(args, field)
         if value is not None:
             defines[field] = str(value)
+    if args.apply_chat_template:
+        defines["apply_chat_template"] = "true"
+    if args.fewshot_as_multiturn is not None:
+        defines["fewshot_as_multiturn"] = str(args.fewshot_as_multiturn).lower()
     argv = ["--settings", str(SETTINGS), "run", str(CONFIG), "-w", workspace, "-n", name]
     for key, value in defines.items():
         argv += ["-D", f"{key}={value}"]

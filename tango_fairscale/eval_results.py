@@ -41,18 +41,29 @@ def lm_eval_results(
         "run": run_name,
     }
     results["date"] = started
+    chat = bool(args.apply_chat_template)
     tracker = GeneralConfigTracker()
     tracker.log_experiment_args(
         model_source="tango_fairscale",
         model_args=f"pretrained={args.model}",
-        system_instruction=None,
-        chat_template=None,
-        fewshot_as_multiturn=False,
+        system_instruction=args.system_instruction,
+        chat_template=chat_template(args.model) if chat else None,
+        fewshot_as_multiturn=chat and args.fewshot_as_multiturn is not False,
     )
     tracker.total_evaluation_time_seconds = str(time.time() - started)
     results["task_hashes"] = {}
     results.update(asdict(tracker))
     return results
+
+
+def chat_template(model: str) -> str | None:
+    """The chat template of ``model``'s tokenizer that prompts were written in (its default)."""
+    from .model.loading import load_tokenizer
+
+    template = getattr(load_tokenizer(model), "chat_template", None)
+    if isinstance(template, dict):  # several named templates: lm-eval's HF backend takes this one
+        template = template.get("default")
+    return template if isinstance(template, str) else None
 
 
 def header(args: argparse.Namespace) -> str:

@@ -19,6 +19,7 @@ from tango_fairscale.cli import main
         (["--batch_size", "auto:x"], "--batch_size: must be a positive whole number, auto or"),
         (["--device", "mps"], "argument --device: must be cuda, cuda:N or cpu, got 'mps'"),
         (["--dev", "cuda"], "unrecognized arguments: --dev cuda"),  # no abbreviations
+        (["--fewshot_as_multiturn", "maybe"], "--fewshot_as_multiturn: must be true or false"),
     ],
 )
 def test_malformed_arguments_are_refused_by_the_parser(

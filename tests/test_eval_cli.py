@@ -122,6 +122,15 @@ def test_lm_evals_hf_command_line_names_the_model_its_dtype_and_batch_size() -> 
         "arc_easy",
         "piqa",
     ]
+    chat = ["--apply_chat_template", "--fewshot_as_multiturn", "false"]
+    chat += ["--system_instruction", "Be brief."]
+    argv = tango_arguments(eval_args("-M", "/m", "-t", "copa", *chat), "/ws", "x")
+    defines = [argv[i + 1] for i, arg in enumerate(argv) if arg == "-D"]
+    assert defines[-3:] == [
+        "system_instruction=Be brief.",
+        "apply_chat_template=true",
+        "fewshot_as_multiturn=false",
+    ]
     for dtype, precision in (("float32", "32-true"), ("auto", "auto")):
         args = eval_args(*model_args[:3], f"pretrained=/m,dtype={dtype}", "--tasks", "copa")
         take_model_args(args)
@@ -134,6 +143,9 @@ def test_lm_evals_hf_command_line_names_the_model_its_dtype_and_batch_size() -> 
         (["--model", "hf"], "--model hf names lm-eval's Hugging Face backend: give the model as"),
         ([], "give the model: --model PATH_OR_ID, or lm_eval's --model_args pretrained="),
         (["--model_args", "{'pretrained': 1}"], "--model_args: not a JSON object (Expecting"),
+        (["-M", "m", "--apply_chat_template", "chatml"], "templates are not chosen by name here"),
+        (["-M", "m", "--fewshot_as_multiturn"], "--fewshot_as_multiturn needs --apply_chat"),
+        (["-M", "m", "--system_instruction", "a=b"], "'=' in 'a=b': Tango's -D values cannot"),
         (["--model", "m", "--model_args", "pretrained=/m"], "--model_args goes with lm_eval's"),
         (["--model", "hf", "--model_args", "dtype=float32"], "names no model: give pretrained="),
         (
@@ -184,6 +196,23 @@ def test_the_device_is_chosen_through_cuda_visible_devices(
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "7"
     with pytest.raises(EvalError, match="--device cuda:2: this machine has no such GPU"):
         use_device("cuda:2")
+
+
+def test_the_results_name_the_chat_template_the_prompts_were_written_in(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    import shutil
+
+    from tango_fairscale.eval_results import chat_template
+
+    assert chat_template(str(tiny_model_dir)) is None
+    model = tmp_path / "chat"
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    config["chat_template"] = template
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    assert chat_template(str(model)) == template
 
 
 @pytest.mark.parametrize("output", ["out.json", "results", "nested/dir"])

@@ -110,3 +110,28 @@ def test_an_empty_num_fewshot_is_each_tasks_own() -> None:
         loaded = load_tasks(TaskSpec(**spec))["tasks"][task]
         assert loaded.get_config("num_fewshot") == count
     assert evaluate(MC_SUITE, tasks="gsm8k")["steps"]["scores_gsm8k"]["task"]["num_fewshot"] == 0
+
+
+def test_lm_evals_chat_formatting_reaches_every_task() -> None:
+    """``-D apply_chat_template`` / ``fewshot_as_multiturn`` / ``system_instruction``: lm-eval's
+    chat settings on every task's spec (tango.yml's defaults: none of them set); few-shot turns
+    without a chat template, or a value that is not true or false, refused in one line."""
+    steps = evaluate(MC_SUITE, tasks="copa")["steps"]
+    assert {"apply_chat_template", "fewshot_as_multiturn", "system_instruction"}.isdisjoint(
+        steps["scores_copa"]["task"]
+    )
+    chat = {"apply_chat_template": "true", "system_instruction": "Be brief."}
+    for multiturn, expected in (("", {}), ("false", {"fewshot_as_multiturn": False})):
+        variables = {"tasks": "copa,arc_easy", "fewshot_as_multiturn": multiturn, **chat}
+        steps = evaluate(MC_SUITE, **variables)["steps"]
+        for task in ("copa", "arc_easy"):
+            spec = steps[f"scores_{task}"]["task"]
+            assert spec["apply_chat_template"] is True and spec["system_instruction"] == "Be brief."
+            assert {k: spec[k] for k in expected} == expected
+            assert ("fewshot_as_multiturn" in spec) == bool(expected)
+    with pytest.raises(RuntimeError) as refused:
+        evaluate(MC_SUITE, fewshot_as_multiturn="true")
+    assert_one_line(str(refused.value), "fewshot_as_multiturn=true needs -D apply_chat_template")
+    with pytest.raises(RuntimeError) as refused:
+        evaluate(MC_SUITE, apply_chat_template="yes")
+    assert_one_line(str(refused.value), '-D apply_chat_template must be true or false, got "yes"')

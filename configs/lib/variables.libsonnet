@@ -14,6 +14,16 @@ local onlyChars(text, allowed) =
   intOr(name, default)::
     if std.extVar(name) == '' then default else self.int(name),
 
+  // true or false.
+  bool(name)::
+    local text = std.extVar(name);
+    if text == 'true' then true else if text == 'false' then false
+    else error '-D %s must be true or false, got "%s"' % [name, text],
+
+  // true, false, or `default` when the value is empty.
+  boolOr(name, default)::
+    if std.extVar(name) == '' then default else self.bool(name),
+
   number(name)::
     local text = std.extVar(name);
     if onlyChars(text, '0123456789.eE+-') && onlyChars(text[std.length(text) - 1], '0123456789')
