@@ -12,10 +12,12 @@ import json
 import os
 import re
 import subprocess
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
 import pytest
+import torch
 
 from tango_fairscale.cli import main
 from tango_fairscale.eval_cli import tango_arguments
@@ -196,6 +198,32 @@ def test_the_device_is_chosen_through_cuda_visible_devices(
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "7"
     with pytest.raises(EvalError, match="--device cuda:2: this machine has no such GPU"):
         use_device("cuda:2")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_device_cuda_n_leaves_that_gpu_alone_visible() -> None:
+    """On a GPU machine, in a fresh process (CUDA not started): ``--device cuda:0`` leaves one
+    GPU visible to scoring; an index past the last GPU is refused in one line."""
+    count = torch.cuda.device_count()
+    script = (
+        "import torch\n"
+        "from tango_fairscale.eval_cli import EvalError, use_device\n"
+        "try:\n"
+        "    use_device(DEVICE)\n"
+        "except EvalError as error:\n"
+        "    print(error)\n"
+        "else:\n"
+        "    print(torch.cuda.device_count())\n"
+    )
+    for device, printed in (("cuda:0", "1"), (f"cuda:{count}", "this machine has no such GPU")):
+        done = subprocess.run(
+            [sys.executable, "-c", script.replace("DEVICE", repr(device))],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert printed in done.stdout, done.stdout
 
 
 def test_the_results_name_the_chat_template_the_prompts_were_written_in(
