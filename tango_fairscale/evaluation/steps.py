@@ -17,6 +17,7 @@ from .. import compat  # noqa: F401  (Tango fixes)
 from ..checks import boolean, integer
 from ..model.causal_lm import ModelWrapper, packing_refusal
 from ..parallel.precision import resolve_precision
+from ..runtime.devices import start_cuda
 from ..tasks.format import JsonDataFormat
 from ..tasks.lm_eval import TaskSpec, load_tasks
 from ..tasks.requests import documents_keyed, loaded_tasks, unique_id_with
@@ -144,6 +145,7 @@ class TaskScoresStep(Step[dict]):
                 f"needs a tango_fairscale::causal_lm model, got {type(given).__name__}"
             )
         device = default_device()
+        start_cuda(device)  # while the tasks and the model's code load
         resolved = resolve_precision(precision, device)
         # Checked before the model is loaded or scores anything (loaded by the requests step
         # when it ran in this process).

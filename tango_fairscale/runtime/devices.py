@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
@@ -42,6 +43,24 @@ def job_devices(device_count: int) -> list[int]:
             )
         return list(range(device_count))
     return [-1] * device_count
+
+
+def start_cuda(device: torch.device) -> None:
+    """Start CUDA for ``device`` (the driver, the device's context, the caching allocator) on a
+    thread, while this one goes on with what needs no device (imports, reading tasks, building
+    a model on the CPU): the driver's start releases the GIL, so the two overlap, and the first
+    use of the device waits only for what is left of it (torch's lazy start is locked). Nothing
+    for a CPU device or once CUDA has started; an error there is left to the first use to raise."""
+    if device.type != "cuda" or torch.cuda.is_initialized():
+        return
+
+    def start() -> None:
+        try:
+            torch.empty(1, device=device)
+        except Exception:  # noqa: BLE001  (the first use on this thread raises it)
+            pass
+
+    threading.Thread(target=start, name="cuda-start", daemon=True).start()
 
 
 def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
