@@ -1,9 +1,12 @@
 """Each training process's device (``runtime/devices.py``): GPUs by index, the CPU without one, the
-launcher's own device under ``python -m tango_fairscale run``, and one-line refusals of a
-``device_count`` the machine or the launcher cannot give."""
+launcher's own device under ``python -m tango_fairscale run``, one-line refusals of a
+``device_count`` the machine or the launcher cannot give, and CUDA started on a thread."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -11,7 +14,7 @@ import torch
 from tango.common.exceptions import ConfigurationError
 
 from tango_fairscale.runtime import launcher
-from tango_fairscale.runtime.devices import job_devices
+from tango_fairscale.runtime.devices import job_devices, start_cuda
 from tango_fairscale.runtime.launcher import LAUNCH_VARIABLES, LaunchEnvironment
 
 
@@ -83,3 +86,32 @@ def test_a_device_count_other_than_the_launchers_is_refused(
         "device_count 4 disagrees with the launcher's 2 processes (WORLD_SIZE); "
         "set -D device_count=2"
     )
+
+
+def test_starting_cuda_for_the_cpu_starts_no_thread() -> None:
+    before = threading.active_count()
+    start_cuda(torch.device("cpu"))
+    assert threading.active_count() == before
+    assert not any(thread.name == "cuda-start" for thread in threading.enumerate())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_cuda_started_on_a_thread_is_the_one_the_process_then_uses() -> None:
+    # A fresh process: this one's CUDA may have started already.
+    script = (
+        "import torch, threading\n"
+        "from tango_fairscale.runtime.devices import start_cuda\n"
+        "start_cuda(torch.device('cuda'))\n"
+        "starter = [t for t in threading.enumerate() if t.name == 'cuda-start']\n"
+        "assert len(starter) == 1, starter\n"
+        "x = torch.ones(4, device='cuda') * 2\n"  # waits for the thread's start, then runs
+        "assert x.sum().item() == 8\n"
+        "starter[0].join(30)\n"
+        "assert torch.cuda.is_initialized() and not starter[0].is_alive()\n"
+        "start_cuda(torch.device('cuda'))\n"  # started: no second thread
+        "assert not [t for t in threading.enumerate() if t.name == 'cuda-start']\n"
+        "print('ok')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "ok"
