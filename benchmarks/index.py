@@ -117,6 +117,13 @@ EARLIER: dict[str, dict[str, str | None]] = {
         "figure": "commands 20.7 / 15.8 s without, 19.2 / 14.8 s with (first / second model); "
         "scoring passes 1.73 + 1.16 s without, 1.75 + 1.23 s with: the warm-up removed",
     },
+    "cuda_start_ab_h100_e3daf3c": {
+        "suite": None,
+        "target": "evidence (PERFORMANCE, the lm-eval row): the synthetic suite's package "
+        "commands without and with e3daf3c's CUDA started on a thread, one host, one call",
+        "figure": "commands 14.17 / 11.38 s without, 13.80 / 11.13 s with (first / second model, "
+        "means of two runs each, interleaved)",
+    },
     "profile_main_job_h200_1686201": {
         "suite": "profile-main-job",
         "figure": "analysis: each process of the main job's command (300 steps) under cProfile",
