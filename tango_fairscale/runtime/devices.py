@@ -60,7 +60,9 @@ def start_cuda(device: torch.device) -> None:
         except Exception:  # noqa: BLE001  (the first use on this thread raises it)
             pass
 
-    threading.Thread(target=start, name="cuda-start", daemon=True).start()
+    # Not a daemon: a process that ends meanwhile (a step's error) waits for the start to finish
+    # instead of tearing CUDA down under it.
+    threading.Thread(target=start, name="cuda-start", daemon=False).start()
 
 
 def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
