@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from .evaluation import DEFAULT_BATCH_SIZE
+from .parallel import PRECISIONS
 
 ENGINES = ("ddp", "fairscale", "fsdp2", "pipe")
-PRECISIONS = ("auto", "32-true", "bf16-mixed", "16-mixed", "bf16-true")
 #: lm-eval's names of its Hugging Face backend: ``--model hf --model_args pretrained=...``.
 LM_EVAL_HF_MODELS = ("hf", "hf-auto", "huggingface")
 #: lm-eval's ``dtype`` model argument (a torch dtype's name, or auto) -> the package's precision.

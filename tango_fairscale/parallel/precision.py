@@ -16,10 +16,9 @@ from tango.common.exceptions import ConfigurationError
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..checks import one_of
+from . import PRECISIONS
 
 logger = logging.getLogger(__name__)
-
-PRECISIONS = ("auto", "32-true", "bf16-mixed", "16-mixed", "bf16-true")
 
 #: The attention kernels a forward may take on a GPU: every one but cuDNN's, which builds an
 #: execution plan for each new shape — 0.15-1.2 s each on an H200 (torch 2.11), where the
