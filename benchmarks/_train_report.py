@@ -85,6 +85,8 @@ def header(report: dict[str, Any]) -> list[str]:
             f"Fixed random batch of {settings['seq_len']} positions per row (every token "
             "scored); throughput from the median step after warmup"
         )
+    if settings.get("dropout") is not None:
+        data += f"; every dropout of the model {settings['dropout']} (GPT-2's own: 0.1)"
     lines = [
         f"# Training speed: {env.get('gpu_name') or 'CPU'} x{env.get('gpu_count')}, "
         f"commit {str(env.get('commit'))[:12]}, torch {env.get('torch')}",

@@ -63,6 +63,8 @@ import _train_report  # noqa: E402
 
 from tango_fairscale.runtime.process_group import free_port  # noqa: E402
 
+#: GPT-2's dropout probabilities, which ``--dropout`` sets together.
+GPT2_DROPOUTS = ("embd_pdrop", "attn_pdrop", "resid_pdrop")
 DEFAULT_BATCH = "124m=16,355m=16,774m=8,1.5b=8,tiny=2"
 
 
@@ -104,6 +106,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--max-grad-norm", type=float, default=None)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--dropout",
+        type=float,
+        default=None,
+        help="every dropout of the GPT-2 shape (embeddings, attention, residuals); default "
+        "GPT-2's own 0.1, as the training step trains it",
+    )
     parser.add_argument(
         "--tokenizer", default=str(_bench.REPO_ROOT / ".gpudata" / "gpt2-tokenizer")
     )
@@ -257,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     for world_size in world_sizes:
         for shape, configs in plan:
             model_config = _bench.gpt2_config(shape)
+            if args.dropout is not None:
+                model_config.update(dict.fromkeys(GPT2_DROPOUTS, args.dropout))
             if shape not in n_params:
                 n_params[shape] = _train_configs.count_parameters(model_config)
             batch_size = _bench.per_shape(args.batch_size, shape)
