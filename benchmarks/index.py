@@ -124,6 +124,16 @@ EARLIER: dict[str, dict[str, str | None]] = {
         "figure": "commands 14.17 / 11.38 s without, 13.80 / 11.13 s with (first / second model, "
         "means of two runs each, interleaved)",
     },
+    "train_speed_synth_124m_h100_29acc9b": {
+        "suite": None,
+        "target": "evidence (PERFORMANCE, the 124M MFU row): the best FairScale and FSDP2 "
+        "configurations with GPT-2's dropout (0.1), beside the same call's dropout-0 run",
+    },
+    "train_speed_synth_124m_dropout0_h100_29acc9b": {
+        "suite": None,
+        "target": "evidence (PERFORMANCE, the 124M MFU row): the same configurations with every "
+        "dropout 0 (train_speed.py --dropout 0), one call after the run with GPT-2's dropout",
+    },
     "profile_main_job_h200_1686201": {
         "suite": "profile-main-job",
         "figure": "analysis: each process of the main job's command (300 steps) under cProfile",
