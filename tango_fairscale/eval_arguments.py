@@ -10,9 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from .evaluation import DEFAULT_BATCH_SIZE
-from .parallel import PRECISIONS
+from .parallel import ENGINES, PRECISIONS
 
-ENGINES = ("ddp", "fairscale", "fsdp2", "pipe")
 #: lm-eval's names of its Hugging Face backend: ``--model hf --model_args pretrained=...``.
 LM_EVAL_HF_MODELS = ("hf", "hf-auto", "huggingface")
 #: lm-eval's ``dtype`` model argument (a torch dtype's name, or auto) -> the package's precision.
@@ -117,13 +116,13 @@ def _add_settings(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--num_fewshot",
-        type=_count,
+        type=_whole_number,
         metavar="K",
         help="few-shot examples per context (default: each task's own, as lm_eval)",
     )
     parser.add_argument(
         "--limit",
-        type=_count,
+        type=_whole_number,
         default=0,
         metavar="N",
         help="at most N documents per task (default 0: all)",
@@ -177,14 +176,19 @@ class _TaskNames(argparse.Action):
         setattr(namespace, self.dest, (getattr(namespace, self.dest) or []) + names)
 
 
-def _count(text: str) -> int:
+def _whole_number(text: str, least: int = 0) -> int:
+    """``text`` as a whole number of at least ``least``."""
     try:
         value = int(text)
     except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a whole number >= 0, got {text!r}")
+        value = least - 1
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= {least}, got {text!r}")
     return value
+
+
+def _positive(text: str) -> int:
+    return _whole_number(text, least=1)
 
 
 def _batch_size(text: str) -> int | None:
@@ -211,16 +215,6 @@ def _device(text: str) -> str:
     if text in ("cpu", "cuda") or (text.startswith("cuda:") and text[5:].isdigit()):
         return text
     raise argparse.ArgumentTypeError(f"must be cuda, cuda:N or cpu, got {text!r}")
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive whole number, got {text!r}")
-    return value
 
 
 def _home(path: Path) -> str:

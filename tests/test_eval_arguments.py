@@ -14,6 +14,7 @@ from tango_fairscale.cli import main
         (["--limit", "0.5"], "argument --limit: must be a whole number >= 0, got '0.5'"),
         (["--num_fewshot", "-1"], "argument --num_fewshot: must be a whole number >= 0"),
         (["--batch_size", "0"], "argument --batch_size: must be a positive whole number, auto"),
+        (["--device_count", "0"], "argument --device_count: must be a whole number >= 1, got '0'"),
         (["--precision", "fp8"], "argument --precision: invalid choice: 'fp8'"),
         (["--engine", "deepspeed"], "argument --engine: invalid choice: 'deepspeed'"),
         (["--batch_size", "auto:x"], "--batch_size: must be a positive whole number, auto or"),

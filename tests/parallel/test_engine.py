@@ -10,13 +10,14 @@ the log); the next finite step updates the weights.
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import assert_close_by_key, engine_config
+from conftest import REPO_ROOT, assert_close_by_key, engine_config
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="16-mixed needs a GPU")
 
@@ -48,10 +49,32 @@ def test_an_engine_block_is_refused_in_one_line_before_anything_is_built(
     assert "\n" not in str(error.value)
 
 
+def test_the_engine_names_are_the_registered_engines_and_the_configs_engines() -> None:
+    """``ENGINES`` (the command line's choices) is every engine the package registers, and the
+    configs' ``engine(name, ...)`` gives each its registered type."""
+    import _jsonnet
+    from tango.common.util import import_module_and_submodules
+    from tango.integrations.torch import TrainingEngine
+
+    from tango_fairscale.parallel import ENGINES
+
+    import_module_and_submodules("tango_fairscale.parallel")
+    registered = TrainingEngine.list_available()
+    ours = [name for name in registered if name.startswith("tango_fairscale::")]
+    assert sorted(ours) == sorted(f"tango_fairscale::{name}" for name in ENGINES)
+    library = REPO_ROOT / "configs" / "lib" / "engines.libsonnet"
+    schedule = "{warmup_steps: 0, train_steps: 1, decay: 'constant'}"
+    for name in ENGINES:
+        snippet = f"(import '{library}').engine('{name}', '32-true', 0.1, {schedule}).type"
+        engine_type = json.loads(_jsonnet.evaluate_snippet("engine", snippet))
+        assert engine_type == f"tango_fairscale::{name}"
+
+
 def test_a_good_engine_block_and_other_engines_pass_the_check() -> None:
     from tango_fairscale.compat import check_engine_config
+    from tango_fairscale.parallel import ENGINES
 
-    for engine in ("ddp", "fairscale", "fsdp2", "pipe"):
+    for engine in ENGINES:
         check_engine_config(lazy_engine(engine_config(f"tango_fairscale::{engine}")), 1)
     sharding = {"modules_to_wrap": ["h"], "activation_checkpointing": True}
     check_engine_config(lazy_engine(engine_config("tango_fairscale::fsdp2", sharding=sharding)), 4)
