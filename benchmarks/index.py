@@ -134,6 +134,16 @@ EARLIER: dict[str, dict[str, str | None]] = {
         "target": "evidence (PERFORMANCE, the 124M MFU row): the same configurations with every "
         "dropout 0 (train_speed.py --dropout 0), one call after the run with GPT-2's dropout",
     },
+    "train_speed_synth_1.5b_h100_9d99f50": {
+        "suite": None,
+        "target": "evidence (PERFORMANCE, the 1.5B MFU row): the best FairScale configuration "
+        "with GPT-2's dropout (0.1), beside the same call's dropout-0 run",
+    },
+    "train_speed_synth_1.5b_dropout0_h100_9d99f50": {
+        "suite": None,
+        "target": "evidence (PERFORMANCE, the 1.5B MFU row): the same configuration with every "
+        "dropout 0 (train_speed.py --dropout 0), one call after the run with GPT-2's dropout",
+    },
     "profile_main_job_h200_1686201": {
         "suite": "profile-main-job",
         "figure": "analysis: each process of the main job's command (300 steps) under cProfile",
