@@ -44,7 +44,8 @@ def test_the_time_split_ends_the_training(trained_output: str) -> None:
     [line] = [line for line in trained_output.splitlines() if "time split:" in line]
     split = line.split("time split: ")[1]
     assert re.fullmatch(
-        rf"setup [\d.]+ s, first step [\d.]+ s, {TRAIN_STEPS - 1} more steps [\d.]+ s "
+        rf"data [\d.]+ s, engine [\d.]+ s, setup [\d.]+ s, first step [\d.]+ s, "
+        rf"{TRAIN_STEPS - 1} more steps [\d.]+ s "
         r"\([\d.]+ ms each\), validation [\d.]+ s, checkpoints [\d.]+ s, final [\d.]+ s "
         r"\(\d+ written in the background in [\d.]+ s\)",
         split,

@@ -17,6 +17,7 @@ from ..model.causal_lm import packing_refusal
 from ..parallel.engine import Engine
 from ..parallel.graphs import CaptureFailed
 from ..runtime.process_group import join_process_group, leave_process_group, spawned_store
+from .meter import PhaseClock
 from .plan import TrainPlan, TrainRuntime
 from .run import FINAL_WEIGHTS, TrainingRun
 
@@ -33,9 +34,12 @@ def train_worker(
     config = plan.config
     config.worker_id = rank
     torch.manual_seed(config.seed)
+    clock = PhaseClock(data=plan.data_seconds)
     join_process_group(config, timedelta(seconds=plan.runtime.collective_timeout_s), store)
     try:
-        return train(build_engine(plan), plan)
+        engine = build_engine(plan)
+        clock.lap("engine")
+        return train(engine, plan, clock)
     finally:
         leave_process_group()
 
@@ -74,11 +78,14 @@ def build_engine(plan: TrainPlan) -> Engine:
     return engine
 
 
-def train(engine: Engine, plan: TrainPlan) -> dict[str, torch.Tensor] | None:
+def train(
+    engine: Engine, plan: TrainPlan, clock: PhaseClock | None = None
+) -> dict[str, torch.Tensor] | None:
     """The loop. Every rank runs it (the data of a step is a pure function of the seed and the
     step, so a resumed run continues where it stopped); rank 0 logs and writes, and returns the
-    trained model unless it writes it for its launching process (:meth:`TrainingRun.finish`)."""
-    run = TrainingRun(engine, plan)
+    trained model unless it writes it for its launching process (:meth:`TrainingRun.finish`).
+    ``clock`` holds the phases before it (:func:`train_worker`'s)."""
+    run = TrainingRun(engine, plan, clock)
     step = run.start
     engine.model.train()
     run.callbacks.call("pre_train_loop")

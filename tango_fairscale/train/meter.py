@@ -64,14 +64,17 @@ class Throughput:
 
 
 class PhaseClock:
-    """Where a run's time goes on this process: ``setup`` (resuming, building the schedule and
-    validation tasks), ``first_step`` (to the first step's loss on the host: lazy initialisation
+    """Where a run's time goes on this process: ``data`` (the launching step reading the
+    training pairs and validation tasks), ``engine`` (joining the process group, the model's
+    imports, load and wrapping), ``setup`` (resuming, building the schedule and validation
+    tasks), ``first_step`` (to the first step's loss on the host: lazy initialisation
     and compilation), ``steps``, ``validation``, ``checkpoints`` (what the loop waited for) and
     ``final`` (the last checkpoint committed and the model consolidated)."""
 
-    def __init__(self) -> None:
+    def __init__(self, **earlier: float) -> None:
+        """``earlier``: phases timed before the clock started (seconds by phase; zeros left out)."""
         self.created = self.mark = time.perf_counter()
-        self.seconds: dict[str, float] = {}
+        self.seconds: dict[str, float] = {phase: s for phase, s in earlier.items() if s}
 
     def lap(self, phase: str) -> None:
         """Add the time since the last lap to ``phase``."""

@@ -124,6 +124,9 @@ class TrainPlan:
     #: process); ``False``: it returns it to the launching process it runs in, which saves a
     #: write and a read of the whole model (the training step's plans).
     final_weights_to_file: bool = True
+    #: Seconds the launching step took to read the training pairs and validation tasks (the run's
+    #: ``data`` phase, :class:`~tango_fairscale.train.meter.PhaseClock`).
+    data_seconds: float = 0.0
 
     @property
     def checkpoints(self) -> Path:

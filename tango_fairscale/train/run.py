@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +41,8 @@ class TrainingRun:
     """The state of one process's run of a plan (:class:`~tango_fairscale.train.loop.TrainPlan`),
     resumed from its newest checkpoint; rank 0 logs and writes."""
 
-    def __init__(self, engine: Engine, plan: TrainPlan) -> None:
-        started = time.perf_counter()
+    def __init__(self, engine: Engine, plan: TrainPlan, clock: PhaseClock | None = None) -> None:
+        self.clock = clock or PhaseClock()  # its next lap, setup, starts here
         self.engine, self.plan, config = engine, plan, plan.config
         self.config = config
         self.is_main = config.is_local_main_process
@@ -97,9 +96,8 @@ class TrainingRun:
         self.preemption = Preemption(plan.runtime.preemption)
         self.bar = TrainingBar(self.start, plan.train_steps, self.is_main)
         self.unread: StepLoss | None = None  # the previous step's loss, on its way to the host
-        self.clock = PhaseClock()
         self.first_logged = self.start  # the step whose log ended the first_step phase
-        self.clock.seconds["setup"] = time.perf_counter() - started
+        self.clock.lap("setup")
 
     def steps(self) -> Any:
         """The steps left, under the progress bar on rank 0 (:class:`.progress.TrainingBar`)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -147,8 +148,10 @@ class TrainStep(Step[ModelWrapper]):
             train_steps, batch_size, grad_accum, seed, validate_every, max_gen_toks, generation_seed
         )
         components = TrainComponents(model, engine, list(callbacks or []), val_metric)
+        started = time.perf_counter()
         pairs, validation = training_data(task, validate_tasks, engine)
         plan = settings.plan(self, runtime, components, pairs, validation)
+        plan.data_seconds = time.perf_counter() - started
         return self._trained_model(plan, model, runtime.keep_optimizer_state)
 
     def _trained_model(

@@ -61,3 +61,13 @@ def test_the_time_split_adds_laps_by_phase_and_names_the_mean_step(clock: FakeCl
     )
     # Resumed: the first logged step came after several.
     assert "first 3 steps 3.0 s, 2 more steps 4.0 s (2000.0 ms each)" in phases.describe(3, 5)
+
+
+def test_phases_timed_before_the_clock_come_first_and_zeros_are_left_out(clock: FakeClock) -> None:
+    phases = PhaseClock(data=1.5, engine=0.0)
+    clock.now += 2.0
+    phases.lap("engine")
+    clock.now += 0.5
+    phases.lap("setup")
+    assert phases.summary() == {"data": 1.5, "engine": 2.0, "setup": 0.5}
+    assert phases.describe(first=1, steps=0) == "time split: data 1.5 s, engine 2.0 s, setup 0.5 s"
