@@ -73,7 +73,7 @@ class PhaseClock:
 
     def __init__(self, **earlier: float) -> None:
         """``earlier``: phases timed before the clock started (seconds by phase; zeros left out)."""
-        self.created = self.mark = time.perf_counter()
+        self.mark = time.perf_counter()
         self.seconds: dict[str, float] = {phase: s for phase, s in earlier.items() if s}
 
     def lap(self, phase: str) -> None:
