@@ -19,6 +19,7 @@ import torch
 
 from ..checks import reason
 from ..model.causal_lm import ModelWrapper
+from ..model.loading import weights_loaded_over
 from ..records.checkpoints import (
     HF_FILES,
     CheckpointError,
@@ -75,7 +76,8 @@ def hf_model(checkpoint_dir: Path, state: dict[str, torch.Tensor]) -> PreTrained
 
 def plain_model(checkpoint_dir: Path, state: dict[str, torch.Tensor]) -> ModelWrapper:
     """A :class:`ModelWrapper` of the checkpoint's model (its ``hf`` files) holding ``state``."""
-    model = ModelWrapper(str(checkpoint_dir / HF_FILES), config={})  # config only: no weights
+    with weights_loaded_over():  # config only: no weights read, none initialised
+        model = ModelWrapper(str(checkpoint_dir / HF_FILES), config={})
     model.load_state_dict(state)  # strict
     return model
 

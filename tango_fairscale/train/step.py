@@ -21,6 +21,7 @@ from ..compat import check_engine_config  # (and Tango's fixes)
 from ..evaluation.call import GenerationSettings
 from ..model.causal_lm import ModelWrapper
 from ..model.fingerprint import FingerprintedLazy
+from ..model.loading import weights_loaded_over
 from ..parallel.consolidate import full_state_dict
 from ..parallel.model_only import finish_work_dir
 from ..parallel.safe_load import load_torch_file
@@ -166,7 +167,8 @@ class TrainStep(Step[ModelWrapper]):
                 state = load_torch_file(self.work_dir / FINAL_WEIGHTS)
         else:  # the run finished, its result was not stored: its final checkpoint holds the model
             state = finished_model_state(finished)
-        trained = model.construct()
+        with weights_loaded_over():  # a random model's initialisation would be overwritten
+            trained = model.construct()
         assert isinstance(trained, ModelWrapper)
         trained.load_state_dict(state)  # strict: every key of the consolidated model must match
         trained.training_log = read_training_log(self.work_dir / TRAINING_LOG)

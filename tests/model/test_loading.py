@@ -20,6 +20,7 @@ from helpers.families import VERIFIED_FAMILIES, package_scores, reference_scores
 from tango.common.exceptions import ConfigurationError
 
 from tango_fairscale.model.causal_lm import ModelWrapper
+from tango_fairscale.model.loading import build_model, weights_loaded_over
 
 
 def test_a_bf16_checkpoint_is_loaded_with_fp32_master_weights(
@@ -102,3 +103,25 @@ def test_the_load_probes_run_once_where_the_model_is_then(tiny_model_dir, monkey
     assert model.supports_packing
     model.probe()
     assert seen == ["meta", "meta"]
+
+
+@pytest.mark.parametrize("family", sorted(VERIFIED_FAMILIES))
+def test_a_model_rebuilt_for_its_weights_equals_the_one_they_came_from(family) -> None:
+    """Under ``weights_loaded_over`` a model skips its random initialisation; loaded with a
+    model's state it has the same buffers (non-persistent ones too), ties and logits."""
+    config = dict(VERIFIED_FAMILIES[family])
+    original = build_model(None, config, seed=3).eval()
+    with weights_loaded_over():
+        rebuilt = build_model(None, config, seed=3).eval()
+    first = next(iter(rebuilt.parameters()))
+    assert not torch.equal(first, next(iter(original.parameters()))), "initialised anyway"
+    rebuilt.load_state_dict(original.state_dict())  # strict
+    originals = dict(original.named_buffers())
+    rebuilts = dict(rebuilt.named_buffers())
+    assert rebuilts.keys() == originals.keys()
+    for name, buffer in originals.items():
+        assert torch.equal(rebuilts[name], buffer), name
+    assert len(list(rebuilt.parameters())) == len(list(original.parameters()))  # tied as built
+    ids = torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(rebuilt(ids).logits, original(ids).logits)
