@@ -5,6 +5,8 @@ traceback, not a silently broken model) for what cannot make a usable model.
   like its fp32 copy;
 * a directory without tokenizer files (transformers builds a near-empty tokenizer quietly) and
   an ``eos_token_id`` outside the tokenizer are refused in one line.
+* a model rebuilt only to have a full state loaded over it (``weights_loaded_over``) draws no
+  random number, and with that state equals the model it came from in every verified family.
 
 A hub id with the hub unreachable (a fresh process each) is ``tests/integration/model/
 test_hub_offline.py``.
