@@ -118,7 +118,9 @@ class FairScaleStrategy(ShardedStrategy):
         state = model.state_dict()  # gathers every unit: all ranks take part
         if self.placement.job.worker_id != 0:
             return None
-        return {key: value.detach().cpu().clone() for key, value in state.items()}
+        # One copy each: a device tensor's copy to the host, or a host tensor's clone (a view of
+        # a unit's full parameters, freed once they are resharded).
+        return {key: value.detach().to("cpu", copy=True) for key, value in state.items()}
 
 
 @TrainingEngine.register("tango_fairscale::fairscale")
