@@ -51,8 +51,9 @@ def test_an_engine_block_is_refused_in_one_line_before_anything_is_built(
 
 def test_the_engine_names_are_the_registered_engines_and_the_configs_engines() -> None:
     """``ENGINES`` (the command line's choices) is every engine the package registers, and the
-    configs' ``engine(name, ...)`` gives each its registered type."""
-    import _jsonnet
+    configs' ``engine(name, ...)`` gives each its registered type (evaluated by rjsonnet, as
+    Tango evaluates configs)."""
+    import rjsonnet
     from tango.common.util import import_module_and_submodules
     from tango.integrations.torch import TrainingEngine
 
@@ -66,7 +67,7 @@ def test_the_engine_names_are_the_registered_engines_and_the_configs_engines() -
     schedule = "{warmup_steps: 0, train_steps: 1, decay: 'constant'}"
     for name in ENGINES:
         snippet = f"(import '{library}').engine('{name}', '32-true', 0.1, {schedule}).type"
-        engine_type = json.loads(_jsonnet.evaluate_snippet("engine", snippet))
+        engine_type = json.loads(rjsonnet.evaluate_snippet("engine", snippet))
         assert engine_type == f"tango_fairscale::{name}"
 
 
