@@ -122,6 +122,11 @@ class CheckpointFormat(ABC):
         ``model_only``: references to the owner's tensors (a background writer would copy them
         to host memory first)."""
 
+    def full_model_state(self, snapshot: Any) -> dict[str, torch.Tensor] | None:
+        """The complete model state that ``snapshot`` (from :meth:`take`) holds, keyed as the
+        engine's ``full_model_state``, where it holds one (``None``: a shard, or nothing)."""
+        return None
+
     @abstractmethod
     def write(
         self, snapshot: Any, directory: Path, rank: int, group: Any = None

@@ -35,6 +35,7 @@ class HostCopier:
         self.device_type = device_type
         self._block: torch.Tensor | None = None
         self._bytes: Any = None  # the block as a NumPy array: slices that own no storage
+        self._memo: dict[tuple, torch.Tensor] = {}  # the last copy's tensors, by alias
 
     def size(self, state: Any) -> int:
         """The bytes of the block that a copy of ``state`` takes."""
@@ -49,8 +50,10 @@ class HostCopier:
             self._bytes = self._block.numpy()
 
     def release(self) -> None:
-        """Free the block (unpinned first); the next copy allocates another."""
+        """Give the block up: unpinned now, its memory freed once no copy taken from it is alive
+        any more (a copy handed on keeps its bytes); the next copy allocates another."""
         self._block = self._bytes = None
+        self._memo = {}
 
     def copy(self, state: Any) -> tuple[Any, torch.cuda.Event | None]:
         """``(copy of state, event)``: the event (``None`` without CUDA tensors) completes when
@@ -58,7 +61,7 @@ class HostCopier:
         block is reused: finish with a copy before taking the next."""
         self._starts, nbytes = self._layout(state)
         self.reserve(nbytes)
-        self._memo: dict[tuple, torch.Tensor] = {}
+        self._memo = {}
         result = self._copy(state)
         event = None
         if nbytes and self.device_type == "cuda":

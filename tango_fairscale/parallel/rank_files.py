@@ -68,6 +68,10 @@ class RankFiles(CheckpointFormat):
             "checkpoint": identity.as_dict(),
         }
 
+    def full_model_state(self, snapshot: Any) -> dict[str, torch.Tensor] | None:
+        # Unsharded, rank 0's file holds the whole model (the strategy's full state).
+        return None if self.sharded or snapshot is None else snapshot["model"]
+
     def write(
         self, snapshot: Any, directory: Path, rank: int, group: Any = None
     ) -> dict[str, FileRecord]:

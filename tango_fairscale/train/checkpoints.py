@@ -80,7 +80,8 @@ class BackgroundWriter:
     (``supersede``). A format whose writes run collectives (DCP's plan exchange) runs them on a gloo
     group of the writer's own, made on every rank here, with the job's collective timeout
     ``timeout_s``. The host memory the copies go to is reserved once, on a thread, by
-    :meth:`prepare` (the loop calls it after the first step) and freed by :meth:`close`."""
+    :meth:`prepare` (the loop calls it after the first step) and freed by :meth:`close` (the final
+    checkpoint's copy lives on as :meth:`final_model_state`, where it holds the whole model)."""
 
     def __init__(self, engine: Engine, policy: CheckpointPolicy, timeout_s: float) -> None:
         self.engine, self.policy, self.timeout_s = engine, policy, timeout_s
@@ -95,6 +96,7 @@ class BackgroundWriter:
         self.failure: tuple[int, str] | None = None
         self.abandoning = threading.Event()  # set: the write in flight stops at its next write
         self.writing_step = 0  # the step of the newest write started
+        self.final: tuple[Any, Any] | None = None  # the final checkpoint's (snapshot, ready)
         #: Seconds of each background write, from its snapshot to its commit: what a
         #: synchronous write would have stopped the loop for.
         self.write_seconds: list[float] = []
@@ -118,6 +120,8 @@ class BackgroundWriter:
         identity = Identity(self.policy.run_id, step, self.world_size)
         snapshot, ready = self.copier.copy(self._state(identity, extra, model_only))
         self.writing_step = step
+        if supersede:
+            self.final = (snapshot, ready)
         self.thread = threading.Thread(
             target=self._write,
             args=(snapshot, ready, identity, model_only),
@@ -147,6 +151,18 @@ class BackgroundWriter:
             daemon=True,
         )
         self.reserving.start()
+
+    def final_model_state(self) -> dict[str, torch.Tensor] | None:
+        """The whole model as the final checkpoint (the last :meth:`save` with ``supersede``)
+        holds it in host memory, where its format keeps the whole model in this rank's copy
+        (``None`` otherwise): the trained model without another copy from the device. Call once
+        that checkpoint is committed (after :meth:`close`); handed over once."""
+        if self.final is None:
+            return None
+        (snapshot, ready), self.final = self.final, None
+        if ready is not None:
+            ready.synchronize()
+        return self.engine.checkpoint_format.full_model_state(snapshot)
 
     def close(self) -> None:
         """Wait for the write in flight (as :meth:`wait`), then free the host memory."""

@@ -1,8 +1,8 @@
 """Host copies of an engine's state (``parallel/host_copy.py``): the copy keeps the state's
 nesting, owns its tensors (later updates do not reach it), keeps tied tensors tied, and needs no
-event without device tensors; the tensors it stages share one block, reused from copy to copy and
-reserved ahead. On the CPU the block stages CPU tensors (``device_type="cpu"``); pinning and the
-CUDA event are checked on a GPU."""
+event without device tensors; the tensors it stages share one block, reused from copy to copy,
+reserved ahead, and, given up, kept only as long as a copy taken from it. On the CPU the block
+stages CPU tensors (``device_type="cpu"``); pinning and the CUDA event are checked on a GPU."""
 
 from __future__ import annotations
 
@@ -119,6 +119,24 @@ def test_the_block_is_reserved_ahead_and_kept_for_smaller_copies() -> None:
     )
     copier.release()
     assert copier._block is None
+
+
+def test_a_released_block_lives_as_long_as_a_copy_taken_from_it() -> None:
+    """A copy handed on (the final checkpoint's model) keeps its bytes after the copier released
+    the block, and the block is freed once that copy is gone: the copier keeps none of it."""
+    import gc
+    import weakref
+
+    model = {"weight": torch.randn(64), "bias": torch.randn(8)}
+    copier = HostCopier("cpu")
+    copied, _ = copier.copy(model)
+    memory = weakref.ref(copier._bytes)  # the block's bytes, which every staged copy views
+    copier.release()
+    gc.collect()
+    assert memory() is not None and torch.equal(copied["weight"], model["weight"])
+    del copied
+    gc.collect()
+    assert memory() is None
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned memory and CUDA events")

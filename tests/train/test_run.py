@@ -254,6 +254,29 @@ def test_finish_hands_back_the_model_or_writes_it(
     assert signal.getsignal(signal.SIGTERM) != run.preemption._record  # restored
 
 
+def test_finish_hands_back_the_final_checkpoints_copy_where_it_holds_the_whole_model(
+    tmp_path: Path, tiny_model_dir: Path, pairs: list, runs: list, monkeypatch
+) -> None:
+    """DDP's rank file holds the whole model: the host copy its final checkpoint was written
+    from is the model ``finish`` hands back (the engine is not asked for it again), equal to
+    the committed checkpoint's and the engine's; handed over once."""
+    from tango_fairscale.parallel.consolidate import full_state_dict
+
+    plan = make_plan(tmp_path, tiny_model_dir, pairs, train_steps=1, final_weights_to_file=False)
+    run = start(plan, runs)
+    run.stepped(0, torch.tensor(2.0), run.batches(0), [])
+    run.log_step(1, torch.tensor(2.0), 1e-3, [])
+    run.checkpoint(1)  # the last step's: model-only, written in the background
+    expected = {key: value.clone() for key, value in run.engine.full_model_state().items()}
+    monkeypatch.setattr(run.engine, "full_model_state", lambda: pytest.fail("gathered again"))
+    state = run.finish(0)
+    assert state is not None and state.keys() == expected.keys()
+    committed = full_state_dict(tmp_path / "checkpoints" / "step0000001")
+    for key, value in expected.items():
+        assert torch.equal(state[key], value) and torch.equal(committed[key], value)
+    assert run.writer.final_model_state() is None
+
+
 def test_export_final_weights_writes_atomically_on_rank_0_only(
     tmp_path: Path, tiny_model_dir: Path, pairs: list
 ) -> None:
