@@ -144,6 +144,13 @@ EARLIER: dict[str, dict[str, str | None]] = {
         "target": "evidence (PERFORMANCE, the 1.5B MFU row): the same configuration with every "
         "dropout 0 (train_speed.py --dropout 0), one call after the run with GPT-2's dropout",
     },
+    "profile_final_1.5b_h200_b1bdb4d": {
+        "suite": None,
+        "target": "evidence (PERFORMANCE, the checkpoint row): the 1.5B command's end of run "
+        "under py-spy (checkpoint-1.5b's command, one variant)",
+        "figure": "analysis (H200, py-spy): final 15.4 s = the final write waited for 9.7 s + "
+        "the model copied from the GPU again 6.0 s (before bb0e467)",
+    },
     "profile_main_job_h200_1686201": {
         "suite": "profile-main-job",
         "figure": "analysis: each process of the main job's command (300 steps) under cProfile",
