@@ -69,8 +69,8 @@ class RankFiles(CheckpointFormat):
         }
 
     def full_model_state(self, snapshot: Any) -> dict[str, torch.Tensor] | None:
-        # Unsharded, rank 0's file holds the whole model (the strategy's full state).
-        return None if self.sharded or snapshot is None else snapshot["model"]
+        # As full_state reads a checkpoint: a state without FairScale's shards is the whole model.
+        return None if snapshot is None or _holds_shards(snapshot) else snapshot["model"]
 
     def write(
         self, snapshot: Any, directory: Path, rank: int, group: Any = None

@@ -1,7 +1,8 @@
 """The checkpoint formats (``parallel/checkpoint_format.py``, ``rank_files.py``,
 ``distributed_checkpoint.py``) in one process without a process group: what they write is what
 the manifest records (digests taken while writing equal the files read back), every file carries
-the checkpoint's identity, a file of another checkpoint is named, and a checkpoint loads back."""
+the checkpoint's identity, a file of another checkpoint is named, a checkpoint loads back, and a
+snapshot of an unsharded rank file is the whole model."""
 
 from __future__ import annotations
 
@@ -95,6 +96,23 @@ def test_a_checkpoint_restores_and_consolidates(name, saved, tmp_path, tiny_mode
     assert all(torch.equal(restored[key], value) for key, value in expected.items())
     full = full_state_dict(directory)
     assert all(torch.equal(full[key], value) for key, value in expected.items())
+
+
+def test_a_snapshot_gives_the_whole_model_where_it_holds_it(tmp_path, tiny_model_dir) -> None:
+    """An unsharded rank file's snapshot is the engine's full model state; FairScale's shards
+    and DCP's state are not (``None``: the engine gathers the model)."""
+    engine = ddp_engine(tmp_path, tiny_model_dir)
+    expected = engine.full_model_state()
+    assert expected is not None
+    snapshot = RankFiles().take(engine, {"step": 5}, IDENTITY, model_only=True)
+    whole = RankFiles().full_model_state(snapshot)
+    assert whole is not None and whole.keys() == expected.keys()
+    assert all(torch.equal(whole[key], value) for key, value in expected.items())
+    shards = {**snapshot, "model_metadata": {}, "world_size": 1}  # as FairScale's rank files
+    assert RankFiles(sharded=True, reshards=False).full_model_state(shards) is None
+    assert RankFiles().full_model_state(None) is None  # another rank of an unsharded engine
+    dcp = DistributedCheckpoint()
+    assert dcp.full_model_state(dcp.take(engine, {"step": 5}, IDENTITY, model_only=True)) is None
 
 
 @pytest.mark.parametrize(
