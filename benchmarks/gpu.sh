@@ -44,6 +44,7 @@
 #@ scoring-probe | 1 | 150 | where a scoring pass's time goes (GPT-2 124M, bf16-mixed, the synthetic suite's shapes): packing, the host queueing forwards, the GPU; each wait for the device in a forward
 #@ first-pass-probe | 1 | 100 | a process's first scoring pass forward by forward (GPT-2 124M, bf16-mixed, the synthetic suite's shapes): the first forward's one-time cost, new shapes against seen ones, GPU gaps; as scored and with shapes bucketed
 #@ attention-probe | 1 | 60 | the first call of each attention kernel at each new packed length (bf16, boolean mask): why forwards on a GPU leave cuDNN's attention out; and each kernel's steady time at the synthetic training benchmark's fixed causal shapes (124M, 1.5B)
+#@ checkpoint-write-probe | 1 | 90 | one checkpoint file's write on this host by part (4 GiB of fp32 through torch.save): plain, with the manifest's SHA-256 overlapped with the write, and hashed before each write; the digest alone; the kernel's dirty-page limits
 #@ cross-entropy-probe | 1 | 90 | one chunk of the training loss on a GPU (GPT-2's vocabulary, 4,096 and 256 rows): the cross-entropy and its gradient eager, compiled in place and out of place; the weight gradient's accumulation
 #@ torch-train | 1 | 200 | Tango's torch::train with the fsdp2 engine (bf16-mixed) next to tango_fairscale::train: tokens/s
 # Groups: train-synthetic = train-synthetic-124m train-synthetic-1.5b.
@@ -284,6 +285,13 @@ suite_attention_probe() {  # attention_probe.json: first and second calls per ke
   [ ${#TINY[@]} -gt 0 ] && { echo "(attention-probe needs a GPU)"; return 0; }
   step "$BUDGET" "$PY" benchmarks/attention_probe.py --out "$DIR/attention_probe.json"
   [ "$DRY_RUN" = 1 ] || grep '^{' "$DIR/log.txt" | tee -a "$LOG"
+}
+
+suite_checkpoint_write_probe() {  # checkpoint_write_probe.json: seconds per variant
+  local gib=4
+  [ ${#TINY[@]} -gt 0 ] && gib=0.1
+  step "$BUDGET" "$PY" benchmarks/checkpoint_write_probe.py --gib "$gib" \
+    --out "$DIR/checkpoint_write_probe.json"
 }
 
 suite_cross_entropy_probe() {  # cross_entropy_probe.json: GPU ms per chunk by form

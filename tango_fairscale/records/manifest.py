@@ -10,6 +10,7 @@ import hashlib
 import json
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
@@ -75,10 +76,19 @@ def abandoned_when(event: threading.Event) -> Iterator[None]:
         _ABANDON.reset(token)
 
 
+#: Writes at least this large are hashed on :data:`_HASHERS` while the file takes them: both
+#: release the GIL, so a large write costs the longer of the two instead of their sum (SHA-256
+#: runs at about the page cache's speed).
+_OVERLAPPED_BYTES = 1 << 20
+#: Threads hashing large writes, one per file being written at once (DCP writes several).
+_HASHERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="checkpoint-digest")
+
+
 class HashingFile:
     """A binary file being written that records the size and digest of what passes through
     (hand it to ``torch.save``, ``pickle.dump``, ...); abandoned at a write under
-    :func:`abandoned_when`."""
+    :func:`abandoned_when`. A large write is hashed while the file takes it, and both are done
+    when :meth:`write` returns (the caller may reuse its buffer)."""
 
     def __init__(self, file: BinaryIO) -> None:
         self._file, self._hash, self._size = file, hashlib.sha256(), 0
@@ -88,9 +98,15 @@ class HashingFile:
         if self._abandon is not None and self._abandon.is_set():
             raise WriteAbandoned(f"the write of {self._file.name} was abandoned")
         view = memoryview(data).cast("B")
-        self._hash.update(view)
         self._size += view.nbytes
-        return self._file.write(view)
+        if view.nbytes < _OVERLAPPED_BYTES:
+            self._hash.update(view)
+            return self._file.write(view)
+        hashing = _HASHERS.submit(self._hash.update, view)
+        try:
+            return self._file.write(view)
+        finally:
+            hashing.result()
 
     def tell(self) -> int:
         return self._file.tell()

@@ -106,6 +106,42 @@ def test_torch_save_through_a_hashing_file_records_what_it_wrote(tmp_path: Path)
     assert torch.equal(torch.load(path, weights_only=True)["weight"], state["weight"])
 
 
+def test_large_writes_are_hashed_on_a_thread_and_recorded_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write of 1 MiB or more is hashed on a digest thread while the file takes it; with small
+    writes between large ones, the record is still the whole file's SHA-256."""
+    import threading
+
+    from tango_fairscale.records import manifest
+
+    hashers = manifest._HASHERS
+    sizes: list[int] = []
+    threads: list[str] = []
+
+    class Spy:
+        def submit(self, function, view):
+            sizes.append(view.nbytes)
+            return hashers.submit(
+                lambda: (threads.append(threading.current_thread().name), function(view))
+            )
+
+    state = {
+        "big": torch.randn(3, 1 << 18),  # 3 MiB
+        "small": torch.arange(10),
+        "other": torch.randn(1 << 19),  # 2 MiB
+        "step": 7,
+    }
+    path = tmp_path / "rank0.pt"
+    monkeypatch.setattr(manifest, "_HASHERS", Spy())
+    record = write_file(path, lambda file: torch.save(state, file))
+    data = path.read_bytes()
+    assert record == FileRecord(len(data), hashlib.sha256(data).hexdigest())
+    assert sorted(sizes) == [2 << 20, 3 << 20]
+    assert all(name.startswith("checkpoint-digest") for name in threads) and len(threads) == 2
+    assert torch.equal(torch.load(path, weights_only=True)["big"], state["big"])
+
+
 def test_a_hashing_file_passes_position_and_flush_through(tmp_path: Path) -> None:
     with open(tmp_path / "f", "wb") as raw:
         hashing = HashingFile(raw)
