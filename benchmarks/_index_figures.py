@@ -215,6 +215,11 @@ def cross_entropy_probe_figure(data: dict[str, Any]) -> str:
     return "; ".join(parts) or "no form measured"
 
 
+def checkpoint_write_probe_figure(data: dict[str, Any]) -> str:
+    rates = ", ".join(f"{name} {rate} GB/s" for name, rate in data.get("gb_per_s", {}).items())
+    return f"{data.get('state_gb')} GB: {rates}; SHA-256 alone {data.get('sha256_gb_per_s')} GB/s"
+
+
 FIGURES = {
     "main_job": main_job_figure,
     "train_speed": train_speed_figure,
@@ -228,6 +233,7 @@ FIGURES = {
     "graph_probe": graph_probe_figure,
     "scoring_events": scoring_events_figure,
     "cross_entropy_probe": cross_entropy_probe_figure,
+    "checkpoint_write_probe": checkpoint_write_probe_figure,
 }
 
 
