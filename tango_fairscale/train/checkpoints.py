@@ -155,8 +155,8 @@ class BackgroundWriter:
     def final_model_state(self) -> dict[str, torch.Tensor] | None:
         """The whole model as the final checkpoint (the last :meth:`save` with ``supersede``)
         holds it in host memory, where its format keeps the whole model in this rank's copy
-        (``None`` otherwise): the trained model without another copy from the device. Call once
-        that checkpoint is committed (after :meth:`close`); handed over once."""
+        (``None`` otherwise): the trained model without another copy from the device. Waits for
+        the copy, not for the write (which only reads it); handed over once."""
         if self.final is None:
             return None
         (snapshot, ready), self.final = self.final, None

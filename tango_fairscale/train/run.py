@@ -235,20 +235,20 @@ class TrainingRun:
         return extra
 
     def finish(self, step: int) -> dict[str, torch.Tensor] | None:
-        """The last checkpoint committed, ``post_train_loop``, then the consolidated model for the
-        launching process: returned by rank 0 where it is that process, else written to
-        ``final_weights.pt`` (``plan.final_weights_to_file``). The model is the final
+        """The run's model, the last checkpoint committed, ``post_train_loop``, then the model
+        handed to the launching process: returned by rank 0 where it is that process, else
+        written to ``final_weights.pt`` (``plan.final_weights_to_file``). The model is the final
         checkpoint's (as Tango's ``torch::train`` takes its final weights from its checkpoint):
         its host copy where that holds the whole model (one process's bare model, DDP), else
-        gathered from the engine."""
+        gathered from the engine while that checkpoint is being written."""
         self.clock.lap("steps")
+        state = final_model_state(self.engine, self.writer.final_model_state())
         self.writer.close()
         barrier()
         self.preemption.restore()
         self.callbacks.call("post_train_loop", step, self.epoch(step))
         path = self.config.work_dir / FINAL_WEIGHTS if self.plan.final_weights_to_file else None
-        committed = self.writer.final_model_state()
-        state = export_final_weights(self.engine, path, self.is_main, committed)
+        state = hand_over(state, path, self.is_main)
         self.clock.lap("final")
         if "first_step" in self.clock.seconds:  # not when resumed with no step left
             self.log_time_split(step)
@@ -296,17 +296,21 @@ def write_run_info(path: Path, engine: Engine, plan: TrainPlan) -> None:
     ).write(path)
 
 
-def export_final_weights(
-    engine: Engine,
-    path: Path | None,
-    is_main: bool,
-    committed: dict[str, torch.Tensor] | None = None,
+def final_model_state(
+    engine: Engine, committed: dict[str, torch.Tensor] | None = None
 ) -> dict[str, torch.Tensor] | None:
-    """The full model, ``committed`` (this rank's host copy of it) or gathered (every rank takes
-    part): rank 0 returns it, or writes it to ``path`` atomically (and returns ``None``)."""
-    # Rank 0's; None on every other rank. Only rank 0 holds a committed copy where the others'
-    # gather runs no collective (replicas); shards are gathered on every rank.
-    state = committed if committed is not None else engine.full_model_state()
+    """The full model on rank 0 (``None`` on the others): ``committed``, this rank's host copy of
+    it, or gathered from the engine (every rank takes part)."""
+    # Only rank 0 holds a committed copy where the others' gather runs no collective (replicas);
+    # shards are gathered on every rank.
+    return committed if committed is not None else engine.full_model_state()
+
+
+def hand_over(
+    state: dict[str, torch.Tensor] | None, path: Path | None, is_main: bool
+) -> dict[str, torch.Tensor] | None:
+    """Rank 0's ``state``: returned, or written to ``path`` atomically (and ``None`` returned);
+    every rank meets in a barrier."""
     if is_main and path is not None:
         assert state is not None
         torch.save(state, path.with_suffix(".tmp"))

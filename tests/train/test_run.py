@@ -26,7 +26,8 @@ from tango_fairscale.train.loop import TrainPlan, build_engine
 from tango_fairscale.train.run import (
     StepLoss,
     TrainingRun,
-    export_final_weights,
+    final_model_state,
+    hand_over,
     write_run_info,
 )
 from tango_fairscale.train.validation import first_metric
@@ -277,18 +278,51 @@ def test_finish_hands_back_the_final_checkpoints_copy_where_it_holds_the_whole_m
     assert run.writer.final_model_state() is None
 
 
-def test_export_final_weights_writes_atomically_on_rank_0_only(
+def test_finish_gathers_the_model_while_the_final_checkpoint_is_written(
+    tmp_path: Path, tiny_model_dir: Path, pairs: list, runs: list, monkeypatch
+) -> None:
+    """Where the final checkpoint's copy does not hold the whole model (a sharded format), the
+    model is gathered from the engine while that checkpoint is being written, not after it."""
+    import threading
+
+    plan = make_plan(tmp_path, tiny_model_dir, pairs, train_steps=1, final_weights_to_file=False)
+    run = start(plan, runs)
+    run.stepped(0, torch.tensor(2.0), run.batches(0), [])
+    run.log_step(1, torch.tensor(2.0), 1e-3, [])
+    fmt, engine, gathered = run.engine.checkpoint_format, run.engine, threading.Event()
+    write, gather = fmt.write, engine.full_model_state
+
+    def write_once_gathered(*args):
+        if not gathered.wait(10):
+            raise OSError("the model was not gathered while the checkpoint was written")
+        return write(*args)
+
+    def gather_and_tell():
+        state = gather()
+        gathered.set()
+        return state
+
+    monkeypatch.setattr(fmt, "full_model_state", lambda snapshot: None)  # as a sharded format
+    monkeypatch.setattr(fmt, "write", write_once_gathered)
+    monkeypatch.setattr(engine, "full_model_state", gather_and_tell)
+    run.checkpoint(1)  # the last step's, written in the background
+    state = run.finish(0)
+    assert state is not None and gathered.is_set()
+    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step0000001"
+
+
+def test_the_model_is_handed_over_or_written_atomically_on_rank_0_only(
     tmp_path: Path, tiny_model_dir: Path, pairs: list
 ) -> None:
     engine = build_engine(make_plan(tmp_path, tiny_model_dir, pairs))
     path = tmp_path / "final_weights.pt"
-    assert export_final_weights(engine, path, is_main=True) is None
+    assert hand_over(final_model_state(engine), path, is_main=True) is None
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == ["final_weights.pt"]
     written = torch.load(path, weights_only=True)
-    returned = export_final_weights(engine, None, is_main=True)
+    returned = hand_over(final_model_state(engine), None, is_main=True)
     assert returned is not None and written.keys() == returned.keys()
     path.unlink()
-    export_final_weights(engine, path, is_main=False)  # another rank writes nothing
+    hand_over(final_model_state(engine), path, is_main=False)  # another rank writes nothing
     assert not path.exists()
 
 
