@@ -1,6 +1,8 @@
 """What writing one checkpoint file costs on this host, by part: the file write, the SHA-256
 digest the manifest records, and the two together as ``records.manifest.write_file`` does them
-(each large write hashed on a thread while the file takes it) against one after the other.
+(each large write hashed on a thread while the file takes it) against one after the other; and
+reading a file back to verify it (``records.manifest.file_record``: each chunk hashed while the
+next is read) against reading and hashing in turn.
 
 A state of ``--gib`` GiB of fp32 tensors (1,600 x 6,400 each, GPT-2 1.5B's MLP shape) goes through
 ``torch.save`` into files under ``--dir``: plain (no digest), through ``write_file`` with the
@@ -58,6 +60,24 @@ def timed_write(path: Path, state: dict[str, torch.Tensor], variant: str) -> flo
     return round(seconds, 3)
 
 
+def serial_record(path: Path) -> str:
+    """A file's SHA-256 read and hashed one chunk after the other (no overlap)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        while chunk := file.read(manifest._READ_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def verify_seconds(path: Path, variant: str) -> float:
+    started = time.perf_counter()
+    if variant == "overlapped":
+        manifest.file_record(path)
+    else:
+        serial_record(path)
+    return round(time.perf_counter() - started, 3)
+
+
 def digest_seconds(state: dict[str, torch.Tensor]) -> float:
     digest = hashlib.sha256()
     started = time.perf_counter()
@@ -101,6 +121,12 @@ def main() -> None:
             seconds[variant].append(timed_write(path, state, variant))
             print(variant, seconds[variant][-1], "s", flush=True)
     sha = [digest_seconds(state) for _ in range(2)]
+    torch.save(state, path)  # read back from the page cache, as a resume right after a stop
+    verify: dict[str, list[float]] = {"overlapped": [], "serial": []}
+    for _ in range(args.repeat):
+        for variant in verify:
+            verify[variant].append(verify_seconds(path, variant))
+    path.unlink()
     result = {
         "benchmark": "checkpoint_write_probe",
         "environment": _bench.environment(args.commit, query_gpu=torch.cuda.is_available()),
@@ -115,6 +141,7 @@ def main() -> None:
         "seconds": seconds,
         "gb_per_s": {v: round(size / 1e9 / min(s), 2) for v, s in seconds.items()},
         "sha256_alone_s": sha,
+        "verify_s": verify,
         "sha256_gb_per_s": round(size / 1e9 / min(sha), 2),
     }
     _bench.write_json(args.out, result)

@@ -135,12 +135,22 @@ def write_file(path: Path, write: Callable[[HashingFile], object]) -> FileRecord
     return hashing.record()
 
 
+#: How much of a file :func:`file_record` reads at a time.
+_READ_BYTES = 1 << 24
+
+
 def file_record(path: Path) -> FileRecord:
-    """The record of an existing file (read whole)."""
+    """The record of an existing file (read whole; each chunk hashed on a thread while the next
+    one is read)."""
     digest = hashlib.sha256()
     with open(path, "rb") as file:
-        while chunk := file.read(1 << 22):
-            digest.update(chunk)
+        hashing = None
+        while chunk := file.read(_READ_BYTES):
+            if hashing is not None:
+                hashing.result()
+            hashing = _HASHERS.submit(digest.update, chunk)
+        if hashing is not None:
+            hashing.result()
     return FileRecord(path.stat().st_size, digest.hexdigest())
 
 

@@ -142,6 +142,23 @@ def test_large_writes_are_hashed_on_a_thread_and_recorded_in_order(
     assert torch.equal(torch.load(path, weights_only=True)["big"], state["big"])
 
 
+def test_a_files_record_is_its_sha256_read_in_chunks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``file_record`` hashes each chunk on a thread while it reads the next: the digest is the
+    whole file's, in order, whatever the chunk size."""
+    from tango_fairscale.records import manifest
+
+    data = bytes(range(256)) * 1000 + b"tail"
+    (tmp_path / "f").write_bytes(data)
+    expected = FileRecord(len(data), hashlib.sha256(data).hexdigest())
+    for chunk in (7, 4096, 1 << 24):
+        monkeypatch.setattr(manifest, "_READ_BYTES", chunk)
+        assert file_record(tmp_path / "f") == expected
+    (tmp_path / "empty").write_bytes(b"")
+    assert file_record(tmp_path / "empty") == FileRecord(0, hashlib.sha256().hexdigest())
+
+
 def test_a_hashing_file_passes_position_and_flush_through(tmp_path: Path) -> None:
     with open(tmp_path / "f", "wb") as raw:
         hashing = HashingFile(raw)
