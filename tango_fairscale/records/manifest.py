@@ -10,7 +10,6 @@ import hashlib
 import json
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
@@ -76,12 +75,21 @@ def abandoned_when(event: threading.Event) -> Iterator[None]:
         _ABANDON.reset(token)
 
 
-#: Writes at least this large are hashed on :data:`_HASHERS` while the file takes them: both
-#: release the GIL, so a large write costs the longer of the two instead of their sum (SHA-256
-#: runs at about the page cache's speed).
+#: Writes at least this large are hashed on a thread of their own while the file takes them:
+#: both release the GIL, so a large write costs the longer of the two instead of their sum
+#: (SHA-256 runs at about the page cache's speed).
 _OVERLAPPED_BYTES = 1 << 20
-#: Threads hashing large writes, one per file being written at once (DCP writes several).
-_HASHERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="checkpoint-digest")
+
+
+def _hash_beside(digest: Any, data: Any) -> threading.Thread:
+    """``digest.update(data)`` started on a daemon thread, for the caller to join. Daemon: a
+    process that ends without joining its non-daemon threads' work (``exit_now``) must not wait
+    for an idle pool's."""
+    thread = threading.Thread(
+        target=digest.update, args=(data,), name="checkpoint-digest", daemon=True
+    )
+    thread.start()
+    return thread
 
 
 class HashingFile:
@@ -102,11 +110,11 @@ class HashingFile:
         if view.nbytes < _OVERLAPPED_BYTES:
             self._hash.update(view)
             return self._file.write(view)
-        hashing = _HASHERS.submit(self._hash.update, view)
+        hashing = _hash_beside(self._hash, view)
         try:
             return self._file.write(view)
         finally:
-            hashing.result()
+            hashing.join()
 
     def tell(self) -> int:
         return self._file.tell()
@@ -147,10 +155,10 @@ def file_record(path: Path) -> FileRecord:
         hashing = None
         while chunk := file.read(_READ_BYTES):
             if hashing is not None:
-                hashing.result()
-            hashing = _HASHERS.submit(digest.update, chunk)
+                hashing.join()
+            hashing = _hash_beside(digest, chunk)
         if hashing is not None:
-            hashing.result()
+            hashing.join()
     return FileRecord(path.stat().st_size, digest.hexdigest())
 
 
