@@ -242,7 +242,11 @@ class TrainingRun:
         its host copy where that holds the whole model (one process's bare model, DDP), else
         gathered from the engine while that checkpoint is being written."""
         self.clock.lap("steps")
-        state = final_model_state(self.engine, self.writer.final_model_state())
+        try:
+            state = final_model_state(self.engine, self.writer.final_model_state())
+        except BaseException:  # the final checkpoint still committed if it can be
+            self.writer.settle()
+            raise
         self.writer.close()
         barrier()
         self.preemption.restore()

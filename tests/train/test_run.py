@@ -311,6 +311,35 @@ def test_finish_gathers_the_model_while_the_final_checkpoint_is_written(
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step0000001"
 
 
+def test_a_failed_gather_still_lets_the_final_checkpoint_commit(
+    tmp_path: Path, tiny_model_dir: Path, pairs: list, runs: list, monkeypatch
+) -> None:
+    """A gather that fails leaves the final checkpoint's write to commit before its error goes
+    on up (as a failed step does)."""
+    import time
+
+    plan = make_plan(tmp_path, tiny_model_dir, pairs, train_steps=1, final_weights_to_file=False)
+    run = start(plan, runs)
+    run.stepped(0, torch.tensor(2.0), run.batches(0), [])
+    run.log_step(1, torch.tensor(2.0), 1e-3, [])
+    fmt, write = run.engine.checkpoint_format, run.engine.checkpoint_format.write
+
+    def slow_write(*args):
+        time.sleep(0.5)
+        return write(*args)
+
+    def failing_gather():
+        raise RuntimeError("gather failed")
+
+    monkeypatch.setattr(fmt, "full_model_state", lambda snapshot: None)  # as a sharded format
+    monkeypatch.setattr(fmt, "write", slow_write)
+    monkeypatch.setattr(run.engine, "full_model_state", failing_gather)
+    run.checkpoint(1)
+    with pytest.raises(RuntimeError, match="gather failed"):
+        run.finish(0)
+    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step0000001"
+
+
 def test_the_model_is_handed_over_or_written_atomically_on_rank_0_only(
     tmp_path: Path, tiny_model_dir: Path, pairs: list
 ) -> None:
