@@ -243,7 +243,11 @@ class TrainingRun:
         gathered from the engine while that checkpoint is being written."""
         self.clock.lap("steps")
         try:
-            state = final_model_state(self.engine, self.writer.final_model_state())
+            # Rank 0's (None on the others). Only rank 0 holds a whole copy where the others'
+            # gather runs no collective (replicas); shards are gathered on every rank.
+            state = self.writer.final_model_state()
+            if state is None:
+                state = self.engine.full_model_state()
         except BaseException:  # the final checkpoint still committed if it can be
             self.writer.settle()
             raise
@@ -298,16 +302,6 @@ def write_run_info(path: Path, engine: Engine, plan: TrainPlan) -> None:
         grad_accum=plan.config.grad_accum,
         engine=type(engine).__name__,
     ).write(path)
-
-
-def final_model_state(
-    engine: Engine, committed: dict[str, torch.Tensor] | None = None
-) -> dict[str, torch.Tensor] | None:
-    """The full model on rank 0 (``None`` on the others): ``committed``, this rank's host copy of
-    it, or gathered from the engine (every rank takes part)."""
-    # Only rank 0 holds a committed copy where the others' gather runs no collective (replicas);
-    # shards are gathered on every rank.
-    return committed if committed is not None else engine.full_model_state()
 
 
 def hand_over(

@@ -26,7 +26,6 @@ from tango_fairscale.train.loop import TrainPlan, build_engine
 from tango_fairscale.train.run import (
     StepLoss,
     TrainingRun,
-    final_model_state,
     hand_over,
     write_run_info,
 )
@@ -91,6 +90,15 @@ def runs() -> Iterator[list[TrainingRun]]:
 def start(plan: TrainPlan, runs: list[TrainingRun], engine: Any = None) -> TrainingRun:
     run = TrainingRun(engine or build_engine(plan), plan)
     runs.append(run)
+    return run
+
+
+def one_step_run(tmp_path: Path, model_dir: Path, pairs: list, runs: list) -> TrainingRun:
+    """A run of one step, stepped and logged, whose model ``finish`` returns."""
+    plan = make_plan(tmp_path, model_dir, pairs, train_steps=1, final_weights_to_file=False)
+    run = start(plan, runs)
+    run.stepped(0, torch.tensor(2.0), run.batches(0), [])
+    run.log_step(1, torch.tensor(2.0), 1e-3, [])
     return run
 
 
@@ -263,10 +271,7 @@ def test_finish_hands_back_the_final_checkpoints_copy_where_it_holds_the_whole_m
     the committed checkpoint's and the engine's; handed over once."""
     from tango_fairscale.parallel.consolidate import full_state_dict
 
-    plan = make_plan(tmp_path, tiny_model_dir, pairs, train_steps=1, final_weights_to_file=False)
-    run = start(plan, runs)
-    run.stepped(0, torch.tensor(2.0), run.batches(0), [])
-    run.log_step(1, torch.tensor(2.0), 1e-3, [])
+    run = one_step_run(tmp_path, tiny_model_dir, pairs, runs)
     run.checkpoint(1)  # the last step's: model-only, written in the background
     expected = {key: value.clone() for key, value in run.engine.full_model_state().items()}
     monkeypatch.setattr(run.engine, "full_model_state", lambda: pytest.fail("gathered again"))
@@ -285,10 +290,7 @@ def test_finish_gathers_the_model_while_the_final_checkpoint_is_written(
     model is gathered from the engine while that checkpoint is being written, not after it."""
     import threading
 
-    plan = make_plan(tmp_path, tiny_model_dir, pairs, train_steps=1, final_weights_to_file=False)
-    run = start(plan, runs)
-    run.stepped(0, torch.tensor(2.0), run.batches(0), [])
-    run.log_step(1, torch.tensor(2.0), 1e-3, [])
+    run = one_step_run(tmp_path, tiny_model_dir, pairs, runs)
     fmt, engine, gathered = run.engine.checkpoint_format, run.engine, threading.Event()
     write, gather = fmt.write, engine.full_model_state
 
@@ -318,10 +320,7 @@ def test_a_failed_gather_still_lets_the_final_checkpoint_commit(
     on up (as a failed step does)."""
     import time
 
-    plan = make_plan(tmp_path, tiny_model_dir, pairs, train_steps=1, final_weights_to_file=False)
-    run = start(plan, runs)
-    run.stepped(0, torch.tensor(2.0), run.batches(0), [])
-    run.log_step(1, torch.tensor(2.0), 1e-3, [])
+    run = one_step_run(tmp_path, tiny_model_dir, pairs, runs)
     fmt, write = run.engine.checkpoint_format, run.engine.checkpoint_format.write
 
     def slow_write(*args):
@@ -345,13 +344,13 @@ def test_the_model_is_handed_over_or_written_atomically_on_rank_0_only(
 ) -> None:
     engine = build_engine(make_plan(tmp_path, tiny_model_dir, pairs))
     path = tmp_path / "final_weights.pt"
-    assert hand_over(final_model_state(engine), path, is_main=True) is None
+    assert hand_over(engine.full_model_state(), path, is_main=True) is None
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == ["final_weights.pt"]
     written = torch.load(path, weights_only=True)
-    returned = hand_over(final_model_state(engine), None, is_main=True)
+    returned = hand_over(engine.full_model_state(), None, is_main=True)
     assert returned is not None and written.keys() == returned.keys()
     path.unlink()
-    hand_over(final_model_state(engine), path, is_main=False)  # another rank writes nothing
+    hand_over(engine.full_model_state(), path, is_main=False)  # another rank writes nothing
     assert not path.exists()
 
 
