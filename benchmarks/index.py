@@ -37,10 +37,6 @@ SKIPPED_SUFFIXES = {".log", ".tmp"}
 #: Results measured before they recorded their suite: stem -> suite (``None`` for evidence that
 #: documents cite), and what no JSON says: ``target`` for evidence, ``figure`` for lone text files.
 EARLIER: dict[str, dict[str, str | None]] = {
-    "train_speed_synth_124m_b64_warm25_h200": {"suite": "train-synthetic-124m"},
-    "train_speed_synth_ws1_h200_b4b8d4b": {"suite": "train-synthetic-124m"},
-    "train_speed_synth_ws1_h200_1538c02": {"suite": "train-synthetic-1.5b"},
-    "train_speed_synth_profiled_ws1_h200": {"suite": "train-synthetic-1.5b"},
     "target_sharded_vs_ddp_h200": {
         "suite": "train-synthetic-1.5b",
         "figure": "analysis: 1.5B 1.10x (FairScale), 1.08x (FSDP2) of ddp bf16; 124M 1.0-1.27x "
@@ -87,28 +83,11 @@ EARLIER: dict[str, dict[str, str | None]] = {
         "attention's plan per new length up to 1.2 s; the main job 55.0 s as a machine's third "
         "command",
     },
-    "profile_lm_eval_h200_01b4b04": {
-        "suite": None,
-        "target": "evidence (a command's imports): the lm-eval suite's package commands under "
-        "cProfile at 01b4b04 (before profile-lm-eval sampled with py-spy)",
-        "figure": "analysis: the synthetic suite (fresh, second model) and PIQA eval-only under "
-        "cProfile; FSDP2's import (through transformers) registers 128 custom ops",
-    },
     "profile_lm_eval_h100_1430bf6": {
         "suite": "profile-lm-eval",
         "figure": "analysis (H100, py-spy and torch.profiler): scoring passes' kernels 1.36 s "
         "(HellaSwag) and 0.90 s (MMLU); a second model's load 4.2 s, mostly transformers' "
         "imports, and the fast-path probe on the CPU 0.65 s; lm-eval's task loading 1.0 s",
-    },
-    "scoring_events_h100_2087b42": {
-        "suite": None,
-        "target": "evidence (PERFORMANCE, the lm-eval row): the synthetic suite's package "
-        "commands, each scoring pass timed forward by forward (profile_hook/scoring_events.py)",
-    },
-    "scoring_events_h100_b899a22": {
-        "suite": None,
-        "target": "evidence (PERFORMANCE, the lm-eval row): the same after b899a22's host cuts "
-        "in a scoring pass (another host)",
     },
     "warm_up_ab_h100_49cff88": {
         "suite": None,
