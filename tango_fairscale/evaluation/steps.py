@@ -16,7 +16,8 @@ from tango.integrations.torch import Model
 from .. import compat  # noqa: F401  (Tango fixes)
 from ..checks import boolean, integer
 from ..model.causal_lm import ModelWrapper, packing_refusal
-from ..parallel.precision import resolve_precision
+from ..model.fingerprint import FingerprintedLazy
+from ..parallel.precision import precision_key, resolve_precision
 from ..runtime.devices import start_cuda
 from ..tasks.format import JsonDataFormat
 from ..tasks.lm_eval import TaskSpec, load_tasks
@@ -61,8 +62,8 @@ class TaskScoresStep(Step[dict]):
     :param precision: ``32-true`` (lm-eval's HF backend in fp32, to 1e-4 per request),
         ``bf16-mixed`` / ``16-mixed`` (autocast: faster; bf16's summed log-likelihoods within
         about 2e-3 relative of fp32's on PIQA), ``bf16-true`` (the model cast to bf16) or
-        ``auto`` (bf16-mixed on a bf16 GPU, else 32-true). The model scores from fp32 weights
-        (whatever its checkpoint stores) except under ``bf16-true``.
+        ``auto`` (bf16-mixed on a bf16 GPU, else 32-true; keyed as such). The model scores from
+        fp32 weights (whatever its checkpoint stores) except under ``bf16-true``.
     :param bootstrap_iters: lm-eval's bootstrap resamples for the stderr of metrics that are
         not means (0: no stderr).
     :param max_gen_toks: for ``generate_until`` tasks whose ``generation_kwargs`` set none, the
@@ -103,21 +104,31 @@ class TaskScoresStep(Step[dict]):
     @classmethod
     def massage_kwargs(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
         """A model given as a config (a ``Lazy``) becomes a
-        :class:`~tango_fairscale.evaluation.shared_model.ModelSource`: loaded when needed."""
+        :class:`~tango_fairscale.evaluation.shared_model.ModelSource`: loaded when needed; one
+        whose config holds a step's result stays a ``Lazy``, keyed by its files' fingerprints
+        as well (:class:`~tango_fairscale.model.fingerprint.FingerprintedLazy`)."""
         model = kwargs.get("model")
-        if isinstance(model, Lazy):
+        if isinstance(model, Lazy) and not isinstance(model, FingerprintedLazy):
             source = ModelSource.of(model)
-            if source is not None:
-                kwargs = {**kwargs, "model": source}
+            kwargs = {**kwargs, "model": FingerprintedLazy.of(model) if source is None else source}
         return kwargs
 
     @property
     def unique_id(self) -> str:
-        """Tango's unique id, with a :class:`ModelSource` hashed as the model it loads."""
+        """Tango's unique id, with a :class:`ModelSource` hashed as the model it loads and
+        precision ``auto`` as what it means here (:func:`precision_key`)."""
         model = self.kwargs.get("model")
-        if not isinstance(model, ModelSource):
+        auto = self.kwargs.get("precision") == "auto"
+        if not isinstance(model, ModelSource) and not auto:
             return super().unique_id
-        return unique_id_with(self, lambda: {"model": model.hash_stand_in()})
+
+        def stand_ins() -> dict[str, Any]:
+            hashed: dict[str, Any] = {"precision": precision_key("auto")} if auto else {}
+            if isinstance(model, ModelSource):
+                hashed["model"] = model.hash_stand_in()
+            return hashed
+
+        return unique_id_with(self, stand_ins)
 
     def run(  # type: ignore[override]
         self,

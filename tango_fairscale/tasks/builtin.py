@@ -38,6 +38,13 @@ def full_task_manager() -> Any:
     return TaskManager()
 
 
+def lm_eval_version() -> str:
+    """The installed lm-eval's version (its package metadata: lm-eval is not imported)."""
+    from importlib.metadata import version
+
+    return version("lm_eval")
+
+
 @functools.cache
 def builtin_index() -> dict[str, tuple[str, str | None]]:
     """``{name: (kind, YAML path)}`` of every task, group and tag lm-eval ships, kept in a cache
@@ -48,14 +55,13 @@ def builtin_index() -> dict[str, tuple[str, str | None]]:
     command whose steps all come from the cache does not import it."""
     import importlib.util
 
-    import lm_eval
     from cached_path import get_cache_dir
 
     tasks_spec = importlib.util.find_spec("lm_eval.tasks")  # where, without importing it
     assert tasks_spec is not None and tasks_spec.origin is not None
     tasks_dir = Path(tasks_spec.origin).resolve().parent
     installation = hashlib.sha256(str(tasks_dir).encode()).hexdigest()[:12]
-    key = f"{lm_eval.__version__}-{installation}"
+    key = f"{lm_eval_version()}-{installation}"
     cache = Path(get_cache_dir()) / "tango_fairscale-lm_eval" / f"index-{key}.tsv"
     try:
         return _read_index(cache, tasks_dir)

@@ -21,7 +21,7 @@ from ..checks import boolean, one_line, positive_int, text
 from ..compat.lm_eval import compile_templates_once, label_request_bars, read_fewshot_docs_in_bulk
 from ..records.fingerprint import local_fingerprint
 from .answers import BadAnswer, answer_indices, find_problems
-from .builtin import builtin, full_task_manager
+from .builtin import builtin, full_task_manager, lm_eval_version
 from .documents import LocalDocuments, documents_read_once, plain_rows, refusal
 from .generation import check_generation_task, refuse_code_execution
 from .local_data import data_files, keep_splits, load_local, read_documents, splits_read
@@ -160,7 +160,7 @@ class TaskSpec(FromParams, CustomDetHash):
             for f in dataclasses.fields(self)
             if f.name not in KEYED_WHEN_SET or getattr(self, f.name) != f.default
         )
-        return (fields, local_fingerprint(self.local_files()))
+        return (fields, local_fingerprint(self.local_files()), lm_eval_version())  # its task code
 
     def local_files(self) -> list[Path]:
         """The files (and directories) the task reads from disk

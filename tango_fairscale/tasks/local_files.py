@@ -2,17 +2,19 @@
 ``!function`` modules, and the data its ``dataset_path`` / ``dataset_kwargs.data_files`` name.
 
 What :class:`~tango_fairscale.tasks.lm_eval.TaskSpec` fingerprints for its cache key. Paths are
-resolved as lm-eval and ``datasets`` resolve them: includes and ``!function`` modules next to the
-YAML that names them; ``data_files`` (a path or glob, a list of them, or a split → path/list
-mapping) relative to a local ``dataset_path`` directory, else to ``dataset_kwargs.data_dir``, else
-to the working directory. What is not local (a hub dataset, a URL, lm-eval's own modules) is
-left out; a local path that does not exist is kept (its fingerprint says "missing"). Nothing is
-imported or run: the YAMLs are read with a safe loader.
+resolved as lm-eval and ``datasets`` resolve them: includes next to the YAML that names them;
+``!function`` modules next to it, else on ``sys.path`` (:func:`function_module`); ``data_files``
+(a path or glob, a list of them, or a split → path/list mapping) relative to a local
+``dataset_path`` directory, else to ``dataset_kwargs.data_dir``, else to the working directory.
+What is not local (a hub dataset, a URL, lm-eval's own modules) is left out; a local path that
+does not exist is kept (its fingerprint says "missing"). Nothing is imported or run: the YAMLs
+are read with a safe loader.
 """
 
 from __future__ import annotations
 
 import glob
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,7 @@ import yaml
 
 
 class _Function(str):
-    """A ``!function module.name`` reference: the module file next to the YAML."""
+    """A ``!function module.name`` reference (:func:`function_module` finds its file)."""
 
 
 class _Loader(yaml.SafeLoader):
@@ -62,11 +64,32 @@ def _read_yaml(path: Path, files: list[Path], seen: set[Path]) -> dict[str, Any]
             merged.update(_read_yaml(path.parent / include, files, seen))
     for value in _leaves(config):
         if isinstance(value, _Function):
-            module = path.parent / (value.rpartition(".")[0].replace(".", "/") + ".py")
-            if module.is_file() and module not in files:
+            module = function_module(path.parent, value.rpartition(".")[0])
+            if module is not None and module not in files:
                 files.append(module)
     merged.update(config)  # its own keys win
     return merged
+
+
+def function_module(yaml_dir: Path, name: str) -> Path | None:
+    """The file of the module ``name`` that a ``!function`` in a YAML of ``yaml_dir`` runs, found
+    as lm-eval finds it: ``<name as a path>.py`` next to the YAML, else the module imported under
+    ``name`` or the first one on ``sys.path`` (not imported here); ``None`` for lm-eval's own
+    (keyed by its version) or one not found (loading the task says so)."""
+    relative = Path(*name.split("."))
+    beside = yaml_dir / relative.with_suffix(".py")
+    if beside.is_file():
+        return beside.resolve()
+    if name.split(".")[0] == "lm_eval":
+        return None
+    imported = getattr(sys.modules.get(name), "__file__", None)
+    if imported is not None:
+        return Path(imported).resolve()
+    for entry in sys.path:
+        for candidate in (relative.with_suffix(".py"), relative / "__init__.py"):
+            if (Path(entry or ".") / candidate).is_file():
+                return (Path(entry or ".") / candidate).resolve()
+    return None
 
 
 def dataset_files(config: Mapping[str, Any]) -> list[Path]:

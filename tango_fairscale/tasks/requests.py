@@ -54,11 +54,6 @@ class TaskRequestsStep(Step[dict]):
     CACHEABLE = True
     FORMAT = RequestsFormat()
 
-    @property
-    def unique_id(self) -> str:
-        """Tango's unique id, with lm-eval's version hashed beside the task spec."""
-        return unique_id_with(self, lambda: {"lm_eval_version": lm_eval_version()})
-
     def run(self, task: TaskSpec) -> dict:  # type: ignore[override]
         loaded = load_tasks(task)
         requests = build_requests(task, loaded)
@@ -105,13 +100,6 @@ def unique_id_with(step: Step, hashed: Callable[[], Mapping[str, Any]]) -> str:
         return Step.unique_id.fget(step)  # type: ignore[attr-defined]
     finally:
         step.kwargs = kwargs
-
-
-def lm_eval_version() -> str:
-    """The installed lm-eval's version (its package metadata: lm-eval is not imported)."""
-    from importlib.metadata import version
-
-    return version("lm_eval")
 
 
 def fewshot_refusal(spec: TaskSpec, error: BaseException) -> ConfigurationError | None:

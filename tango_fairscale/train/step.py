@@ -17,18 +17,20 @@ from tango.common.exceptions import ConfigurationError
 from tango.integrations.torch import Model, TrainCallback, TrainingEngine
 from tango.step import StepResources
 
-from ..compat import check_engine_config  # (and Tango's fixes)
+from ..compat import check_engine_config, registered_engine  # (and Tango's fixes)
 from ..evaluation.call import GenerationSettings
 from ..model.causal_lm import ModelWrapper
 from ..model.fingerprint import FingerprintedLazy
 from ..model.loading import weights_loaded_over
 from ..parallel.consolidate import full_state_dict
 from ..parallel.model_only import finish_work_dir
+from ..parallel.precision import precision_key
 from ..parallel.safe_load import load_torch_file
 from ..records.checkpoints import CheckpointError
 from ..records.retention import finished_checkpoint
 from ..records.training_log import TRAINING_LOG, read_training_log
 from ..tasks.lm_eval import TaskSpec
+from ..tasks.requests import unique_id_with
 from .format import ModelFormat
 from .launch import run_training
 from .loop import FINAL_WEIGHTS, TrainPlan
@@ -122,6 +124,14 @@ class TrainStep(Step[ModelWrapper]):
         return kwargs
 
     @property
+    def unique_id(self) -> str:
+        """Tango's unique id, with the engine's precision ``auto`` as what it means here
+        (:func:`~tango_fairscale.parallel.precision.precision_key`)."""
+        if engine_precision(self.kwargs.get("engine")) != "auto":
+            return super().unique_id
+        return unique_id_with(self, lambda: {"engine_precision": precision_key("auto")})
+
+    @property
     def resources(self) -> StepResources:
         runtime = self.kwargs.get("runtime")
         devices = runtime.device_count if isinstance(runtime, TrainRuntime) else 1
@@ -203,3 +213,15 @@ def give_back_work_dir(work_dir: Path, keep_optimizer_state: bool) -> None:
         logger.info(
             "freed %.1f MB of checkpoints and weights the stored model makes redundant", freed / 1e6
         )
+
+
+def engine_precision(engine: Any) -> str | None:
+    """The precision an engine config (a ``Lazy``) names, else its engine's default; ``None``
+    for an engine that takes none."""
+    registered = registered_engine(engine)
+    if registered is None:
+        return None
+    engine_class, fields = registered
+    parameter = inspect.signature(engine_class).parameters.get("precision")
+    default = None if parameter is None else parameter.default
+    return fields.get("precision", default)

@@ -24,6 +24,7 @@ from conftest import REPO_ROOT, lm_eval_as_released
 from helpers.requests import stored_requests
 from tango.common.exceptions import ConfigurationError
 
+from tango_fairscale.tasks import lm_eval as lm_eval_module
 from tango_fairscale.tasks import requests as requests_module
 from tango_fairscale.tasks import restoring as restoring_module
 from tango_fairscale.tasks.lm_eval import TaskSpec, load_tasks
@@ -188,7 +189,7 @@ def test_its_key_is_the_task_configuration_not_the_model(
     validation.write_text("\n".join(reversed(lines)) + "\n")  # the same path, other documents
     edited = key()
     assert edited not in keys
-    monkeypatch.setattr(requests_module, "lm_eval_version", lambda: "0.4.99")
+    monkeypatch.setattr(lm_eval_module, "lm_eval_version", lambda: "0.4.99")
     assert key() not in keys + [edited]
 
 
