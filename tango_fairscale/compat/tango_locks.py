@@ -75,13 +75,14 @@ def step_starting(self: Any, step: Any) -> None:
 
 
 def _record_start(workspace: Any, step: Any) -> None:
-    """Mark ``step`` running, its lock held here: whatever state is recorded is final."""
-    from sqlitedict import SqliteDict
+    """Mark ``step`` running, its lock held here: whatever state is recorded is final (read
+    through the records' allow-list, :func:`.tango_workspace.patch_tango_step_records`)."""
     from tango.common.exceptions import StepStateError
     from tango.common.util import utc_now_datetime
     from tango.step_info import StepState
+    from tango.workspaces import local_workspace
 
-    with SqliteDict(workspace.step_info_file) as database:
+    with local_workspace.SqliteDict(workspace.step_info_file) as database:
         info = database[step.unique_id]
         workspace._fix_step_info(info)
         if info.state == StepState.COMPLETED:

@@ -74,6 +74,20 @@ def test_a_planted_step_record_is_refused_in_one_line(tmp_path: Path) -> None:
     assert not marker.exists()
 
 
+def test_a_record_planted_while_a_run_waits_for_the_steps_lock_is_refused(tmp_path: Path) -> None:
+    """The state read again once the lock is taken goes through the same allow-list."""
+    from tango_fairscale.compat.tango_locks import _record_start
+
+    step = JsonResultStep(value=4)
+    workspace = LocalWorkspace(tmp_path)
+    workspace.step_info(step)  # recorded, as a run records it before it waits for the lock
+    marker = tmp_path / "ran"
+    plant_step_record(tmp_path, step.unique_id, calling_pickle("os", "system", marker))
+    with pytest.raises(ConfigurationError, match="names os.system"):
+        _record_start(workspace, step)
+    assert not marker.exists()
+
+
 def test_every_hostile_global_in_a_step_record_is_refused(tmp_path: Path) -> None:
     checked = 0
     for index, (module, name) in enumerate(hostile_globals(ALLOWED_GLOBALS)):
