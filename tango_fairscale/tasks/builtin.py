@@ -90,12 +90,16 @@ INDEX_HEADER = "tango_fairscale lm-eval task index 1"
 
 
 def _read_index(cache: Path, tasks_dir: Path) -> dict[str, tuple[str, str | None]]:
-    """A stored index (:func:`builtin_index`); ``ValueError`` if it is not one of ``tasks_dir``."""
+    """A stored index (:func:`builtin_index`); ``ValueError`` if it is not one of ``tasks_dir``
+    or names a file outside it (the YAML a task name loads is lm-eval's own, nothing else)."""
     header, *lines = cache.read_text(encoding="utf-8").splitlines()
     if header != f"{INDEX_HEADER}\t{tasks_dir}":
         raise ValueError(f"{cache} is not an index of {tasks_dir}")
     entries: dict[str, tuple[str, str | None]] = {}
     for line in lines:
         name, kind, path = line.split("\t")
-        entries[name] = (kind, os.path.join(tasks_dir, path) if path else None)
+        full = os.path.normpath(os.path.join(tasks_dir, path)) if path else None
+        if full is not None and not full.startswith(os.path.join(tasks_dir, "")):
+            raise ValueError(f"{cache} names {path}, outside {tasks_dir}")
+        entries[name] = (kind, full)
     return entries

@@ -36,6 +36,16 @@ def test_a_stored_index_is_read_back_as_written_and_another_folders_refused(
         _read_index(stored, tmp_path / "elsewhere")
 
 
+@pytest.mark.parametrize("path", ["/elsewhere/piqa.yaml", "../elsewhere/piqa.yaml"])
+def test_a_stored_index_naming_a_yaml_outside_lm_eval_is_refused(tmp_path: Path, path: str) -> None:
+    """A task name loads lm-eval's own YAML (its ``!function`` modules run), never another."""
+    stored = tmp_path / "index.tsv"
+    tasks_dir = tmp_path / "tasks"
+    stored.write_text(f"{INDEX_HEADER}\t{tasks_dir}\npiqa\tTASK\t{path}\n")
+    with pytest.raises(ValueError, match="outside"):
+        _read_index(stored, tasks_dir)
+
+
 def test_reading_the_index_imports_none_of_lm_evals_task_code() -> None:
     """A command whose steps all come from the cache reads the index while Tango builds the step
     graph: ``lm_eval.tasks`` (datasets, pandas: seconds to import) stays out of it."""
