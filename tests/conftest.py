@@ -164,19 +164,19 @@ def lm_eval_as_released() -> Iterator[None]:
     from lm_eval import utils
     from lm_eval.api.task import ConfigurableTask
 
-    from tango_fairscale.tasks import lm_eval as tasks_lm_eval
+    from tango_fairscale.compat import lm_eval as compat_lm_eval
 
     patched = utils.apply_template, ConfigurableTask.fewshot_docs
-    fixes = tasks_lm_eval.compile_templates_once, tasks_lm_eval.read_fewshot_docs_in_bulk
+    fixes = compat_lm_eval.compile_templates_once, compat_lm_eval.read_fewshot_docs_in_bulk
     utils.apply_template = getattr(patched[0], "original", patched[0])
     ConfigurableTask.fewshot_docs = getattr(patched[1], "original", patched[1])
-    # load_tasks applies the fixes again unless told not to
-    tasks_lm_eval.compile_templates_once = tasks_lm_eval.read_fewshot_docs_in_bulk = _no_fix
+    # load_tasks applies the fixes again (fix_lm_eval) unless told not to
+    compat_lm_eval.compile_templates_once = compat_lm_eval.read_fewshot_docs_in_bulk = _no_fix
     try:
         yield
     finally:
         utils.apply_template, ConfigurableTask.fewshot_docs = patched
-        tasks_lm_eval.compile_templates_once, tasks_lm_eval.read_fewshot_docs_in_bulk = fixes
+        compat_lm_eval.compile_templates_once, compat_lm_eval.read_fewshot_docs_in_bulk = fixes
 
 
 def _no_fix() -> None:

@@ -1,5 +1,5 @@
-"""lm-evaluation-harness 0.4.13 without a Jinja compilation per prompt, and with its
-request-building progress bars labelled.
+"""lm-evaluation-harness 0.4.13 without a Jinja compilation per prompt, with its request-building
+progress bars labelled, and without Hugging Face ``evaluate``'s metric scripts.
 
 lm-eval renders each prompt field of a task (``doc_to_text``, ``doc_to_choice``,
 ``doc_to_target``) with ``lm_eval.utils.apply_template``, which compiles its template string anew
@@ -13,6 +13,11 @@ lm-eval draws a bar without a description while it builds a task's requests (``0
 on every rank, past Tango's writer. :func:`label_request_bars` names the task on it
 (``piqa: building requests``), draws it through Tango's ``Tqdm`` (file-friendly logging, the run's
 log) and on the first rank only.
+
+lm-eval takes a metric it has not registered, or one a task marks ``hf_evaluate``, from Hugging
+Face ``evaluate``, whose ``load`` runs that metric's Python script (``./<name>/<name>.py`` in the
+working directory, the hub's, or its cached copy): :func:`refuse_metric_scripts` refuses such a
+metric in one line when the task is built, before any request is.
 
 lm-eval's hint that custom kwargs can be passed to ``--metadata`` (a command line the package does
 not have), logged for every task it loads, is left out.
@@ -32,6 +37,15 @@ class _WithoutMetadataHint(logging.Filter):
 
 
 logging.getLogger("lm_eval.api.task").addFilter(_WithoutMetadataHint())
+
+
+def fix_lm_eval() -> None:
+    """Apply every fix of this module (each once a process)."""
+    compile_templates_once()
+    label_request_bars()
+    read_fewshot_docs_in_bulk()
+    refuse_metric_scripts()
+
 
 #: Distinct template strings kept compiled (a task has a few; a process loads a few tasks).
 TEMPLATES_KEPT = 1024
@@ -78,6 +92,33 @@ def read_fewshot_docs_in_bulk() -> None:
     fewshot_docs.in_bulk = True  # type: ignore[attr-defined]
     fewshot_docs.original = original  # type: ignore[attr-defined]
     ConfigurableTask.fewshot_docs = fewshot_docs  # type: ignore[method-assign]
+
+
+def refuse_metric_scripts() -> None:
+    """Make lm-eval's ``get_metric`` refuse a metric it would load through ``evaluate``."""
+    from lm_eval.api import registry
+    from lm_eval.api import task as task_module
+
+    if getattr(task_module.get_metric, "refuses_scripts", False):
+        return
+
+    def get_metric(name: str, hf_evaluate_metric: bool = False) -> Any:
+        from tango.common.exceptions import ConfigurationError
+
+        if not registry.metric_registry:  # lm-eval registers its metrics on first use
+            import lm_eval.api.metrics  # noqa: F401
+        if hf_evaluate_metric or name not in registry.metric_registry:
+            why = "marked hf_evaluate" if hf_evaluate_metric else "not one of lm-eval's metrics"
+            raise ConfigurationError(
+                f"metric {name!r} is {why}: Hugging Face evaluate would run its Python script, "
+                "and the package runs no metric code from outside lm-eval; choose another metric "
+                "or task"
+            )
+        return registry.metric_registry[name]
+
+    get_metric.refuses_scripts = True  # type: ignore[attr-defined]
+    task_module.get_metric = get_metric  # type: ignore[attr-defined]
+    registry.get_metric = get_metric  # type: ignore[assignment]
 
 
 #: The task whose requests lm-eval is building (set around ``Task.build_all_requests``).

@@ -18,7 +18,7 @@ from tango.common.exceptions import ConfigurationError
 
 from .. import compat  # noqa: F401  (Tango fixes)
 from ..checks import boolean, one_line, positive_int, text
-from ..compat.lm_eval import compile_templates_once, label_request_bars, read_fewshot_docs_in_bulk
+from ..compat.lm_eval import fix_lm_eval
 from ..records.fingerprint import local_fingerprint
 from .answers import BadAnswer, answer_indices, find_problems
 from .builtin import builtin, full_task_manager, lm_eval_version
@@ -204,9 +204,7 @@ def load_tasks(spec: TaskSpec, *, training: bool = False) -> TaskDict:
     parse, and a document that cannot be scored (naming its file and line). With ``strict:
     false`` such documents are left out, logged and counted: ``loaded["skipped_documents"]`` is
     ``{task: count}`` (absent when none is)."""
-    compile_templates_once()
-    label_request_bars()
-    read_fewshot_docs_in_bulk()
+    fix_lm_eval()
     manager, item, documents = _source(spec)
     if documents is not None:
         splits = splits_read(item, _num_fewshot(spec, item.get("num_fewshot")), training)

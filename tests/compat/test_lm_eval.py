@@ -1,11 +1,14 @@
 """lm-eval's prompt templates compiled once and few-shot documents read in bulk
 (``compat/lm_eval.py``): every fixture task's requests, two-shot, and its fine-tuning pairs are
 the ones lm-eval builds as released; each template string is compiled once; lm-eval's strict
-undefined names and its ``regex_replace`` filter still apply."""
+undefined names and its ``regex_replace`` filter still apply; a metric lm-eval would take from
+Hugging Face ``evaluate`` (which runs the metric's script) is refused before it runs."""
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+from typing import Any
 
 import jinja2
 import pytest
@@ -66,3 +69,39 @@ def test_request_building_bars_name_their_task(capsys: pytest.CaptureFixture[str
     task.build_all_requests(limit=4, rank=0, world_size=1)
     err = capsys.readouterr().err
     assert "piqa: building requests: 100%" in err and "\r  0%" not in err
+
+
+@pytest.mark.parametrize(
+    "metric",
+    [{"metric": "f1", "hf_evaluate": True}, {"metric": "f1_from_a_script"}],
+    ids=["marked hf_evaluate", "not lm-eval's"],
+)
+def test_a_metric_evaluate_would_load_as_a_script_is_refused_before_it_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, metric: dict[str, Any]
+) -> None:
+    """Hugging Face ``evaluate.load(name)`` runs ``./<name>/<name>.py`` of the working directory
+    (else the hub's script): the task is refused in one line and nothing runs."""
+    from tango.common.exceptions import ConfigurationError
+
+    marker = tmp_path / "ran"
+    for name in ("f1", "f1_from_a_script"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / f"{name}.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    monkeypatch.chdir(tmp_path)
+    test = REPO_ROOT / "tests" / "fixtures" / "tasks" / "piqa" / "validation.jsonl"
+    config = {
+        "task": "my_piqa",
+        "dataset_path": "json",
+        "dataset_kwargs": {"data_files": {"test": str(test)}},
+        "output_type": "multiple_choice",
+        "doc_to_text": "Question: {{goal}}\nAnswer:",
+        "doc_to_choice": "{{[sol1, sol2]}}",
+        "doc_to_target": "label",
+        "test_split": "test",
+        "metric_list": [metric],
+    }
+    with pytest.raises(ConfigurationError) as error:
+        load_tasks(TaskSpec(config=config))
+    message = str(error.value)
+    assert f"metric {metric['metric']!r}" in message and "\n" not in message, message
+    assert not marker.exists()
