@@ -41,7 +41,7 @@ def export(checkpoint: Path, out_dir: Path) -> Path:
         hint = f"; export an earlier checkpoint ({earlier[0]})" if earlier else ""
         raise CheckpointError(f"{damage}{hint}") from None
     model = hf_model(directory, state)
-    tokenizer = AutoTokenizer.from_pretrained(directory / HF_FILES)
+    tokenizer = AutoTokenizer.from_pretrained(directory / HF_FILES, trust_remote_code=False)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     return directory

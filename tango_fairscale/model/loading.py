@@ -129,12 +129,14 @@ def _uninitialised(hf_config: Any) -> PreTrainedModel:
 
 
 def hub_options(source: str) -> dict[str, Any]:
-    """``local_files_only`` for a hub id the hub does not answer for but the local cache holds
+    """``from_pretrained``'s options: ``trust_remote_code=False`` (a directory's or the hub's
+    Python files never run, and transformers never asks at a terminal whether they may), and
+    ``local_files_only`` for a hub id the hub does not answer for but the local cache holds
     (:func:`~.fingerprint.hub_revision`; one line when neither does): huggingface_hub 1.16 would
     otherwise retry on a closed client and raise a ``RuntimeError`` instead of using the cache."""
-    if not is_hub_id(source):
-        return {}
-    return {} if hub_revision(source).online else {"local_files_only": True}
+    if not is_hub_id(source) or hub_revision(source).online:
+        return {"trust_remote_code": False}
+    return {"trust_remote_code": False, "local_files_only": True}
 
 
 def _unreachable_or(error: RuntimeError, source: str) -> Exception:

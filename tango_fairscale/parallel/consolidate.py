@@ -93,7 +93,7 @@ def _meta_model(checkpoint_dir: Path) -> PreTrainedModel:
             "checkpoint of tango_fairscale's"
         )
     try:
-        config = AutoConfig.from_pretrained(files)
+        config = AutoConfig.from_pretrained(files, trust_remote_code=False)
     except (OSError, ValueError) as error:
         raise CheckpointError(f"cannot read {files / 'config.json'} ({reason(error)})") from None
     with torch.device("meta"):

@@ -4,7 +4,9 @@ traceback, not a silently broken model) for what cannot make a usable model.
 * a bf16-stored Llama loads as fp32, scores like an independent fp32 forward and trains exactly
   like its fp32 copy;
 * a directory without tokenizer files (transformers builds a near-empty tokenizer quietly) and
-  an ``eos_token_id`` outside the tokenizer are refused in one line.
+  an ``eos_token_id`` outside the tokenizer are refused in one line; so is a directory whose
+  config names Python code of its own (``auto_map``): it never runs, even where transformers
+  would ask whether it may and the answer is yes.
 * a model rebuilt only to have a full state loaded over it (``weights_loaded_over``) draws no
   random number, and with that state equals the model it came from in every verified family.
 
@@ -77,6 +79,28 @@ def test_a_directory_without_tokenizer_files_is_refused(tmp_path, tokenizer_dir,
     with pytest.raises(ConfigurationError, match="does not encode text") as error:
         ModelWrapper(str(directory))
     assert "\n" not in str(error.value)
+
+
+def test_a_directorys_own_python_code_never_runs(tmp_path, monkeypatch) -> None:
+    import json
+
+    from tango_fairscale.model.loading import load_config
+
+    marker = tmp_path / "ran"
+    directory = tmp_path / "remote"
+    directory.mkdir()
+    config = {"model_type": "remote_gpt", "auto_map": {"AutoConfig": "remote.RemoteConfig"}}
+    (directory / "config.json").write_text(json.dumps(config))
+    (directory / "remote.py").write_text(
+        f"open({str(marker)!r}, 'w').close()\n"
+        "from transformers import PretrainedConfig\n"
+        "class RemoteConfig(PretrainedConfig):\n    model_type = 'remote_gpt'\n"
+    )
+    monkeypatch.setattr("builtins.input", lambda *args: "y")  # transformers' prompt, answered
+    with pytest.raises(ConfigurationError) as error:
+        load_config(str(directory))
+    assert "\n" not in str(error.value)
+    assert not marker.exists()
 
 
 def test_an_eos_token_outside_the_vocabulary_is_refused(tokenizer_dir) -> None:
