@@ -14,11 +14,18 @@ __all__ = ["TRAINING_LOG", "TrainingLog", "read_training_log", "write_records"]
 
 
 class TrainingLog:
-    """Appends records to ``path`` when ``enabled`` (on rank 0)."""
+    """Appends records to ``path`` when ``enabled`` (on rank 0). A last record cut short (a
+    crash or a full disk during its write: no final newline) is dropped first; the resumed run
+    logs its step again."""
 
     def __init__(self, path: Path, enabled: bool) -> None:
         self.path = path
         self.enabled = enabled
+        if enabled and path.is_file():
+            with path.open("rb+") as file:
+                data = file.read()
+                if data and not data.endswith(b"\n"):
+                    file.truncate(data.rfind(b"\n") + 1)
 
     def write(self, record: dict[str, Any]) -> None:
         if self.enabled:
@@ -42,6 +49,11 @@ def write_records(path: Path, records: Iterable[dict[str, Any]]) -> None:
 
 
 def _json_lines(lines: Iterable[str]) -> Iterable[dict[str, Any]]:
+    """The records of ``lines``; a line cut short by a crash is no record."""
     for line in lines:
-        if line.strip():
-            yield json.loads(line)
+        try:
+            record = json.loads(line) if line.strip() else None
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int):
+            yield record

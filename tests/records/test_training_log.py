@@ -1,6 +1,6 @@
 """The training log (``records/training_log.py``): rank 0 appends JSON lines, other ranks write
 nothing, and reading merges the records of a step (a step replayed after a resume keeps its last
-values)."""
+values); a record cut short by a crash is dropped, not a failure of every later read."""
 
 from __future__ import annotations
 
@@ -43,3 +43,16 @@ def test_a_missing_log_is_empty_and_write_records_replaces_it(tmp_path: Path) ->
     assert read_training_log(path) == records
     write_records(path, [])
     assert path.read_text() == "" and read_training_log(path) == []
+
+
+def test_a_record_cut_short_by_a_crash_is_dropped_and_the_resumed_run_logs_its_step(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "training_log.jsonl"
+    TrainingLog(path, enabled=True).write({"step": 10, "loss": 3.1})
+    with path.open("a") as file:
+        file.write('{"step": 20, "lo')  # the crash, mid-write
+    assert read_training_log(path) == [{"step": 10, "loss": 3.1}]
+    TrainingLog(path, enabled=True).write({"step": 20, "loss": 2.9})  # the resumed run
+    assert read_training_log(path) == [{"step": 10, "loss": 3.1}, {"step": 20, "loss": 2.9}]
+    assert path.read_text().count("\n") == 2
