@@ -278,14 +278,14 @@ def test_zero_negative_or_mistyped_counts(name: str, value: Any) -> None:
 
 
 def test_batch_not_divisible_by_devices_says_what_to_change() -> None:
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(ConfigurationError) as err:
         train(batch_size=6, device_count=4)
     one_line(err.value, "batch_size 6 must be divisible by device_count × grad_accum = 4")
 
 
 def test_too_few_examples_after_limit(tmp_path: Path) -> None:
     few = read_piqa(make_piqa_dir(tmp_path), limit=2)
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(ConfigurationError) as err:
         train(few, batch_size=8)
     one_line(
         err.value, "only 2 training examples for batch_size 8;", "raise limit or lower batch_size"

@@ -69,9 +69,12 @@ class TrainSettings:
     ) -> TrainPlan:
         """The plan that trains ``components`` on ``pairs`` with these settings in ``step``'s
         work dir; refused here, not in a worker, when the batch does not split evenly."""
-        BatchSchedule(
-            len(pairs), self.batch_size, self.seed, runtime.device_count, 0, self.grad_accum
-        )
+        try:
+            BatchSchedule(
+                len(pairs), self.batch_size, self.seed, runtime.device_count, 0, self.grad_accum
+            )
+        except ValueError as error:  # too few examples for one batch, or an uneven split
+            raise ConfigurationError(str(error)) from None
         config = TrainConfig(
             step.unique_id,
             step.work_dir,

@@ -85,10 +85,10 @@ def test_a_batch_that_does_not_split_over_devices_and_micro_batches_is_refused(
     step = SimpleNamespace(unique_id="s", work_dir=tmp_path, name="s", workspace=None)
     parts = TrainComponents(None, engine("tango_fairscale::ddp"), [], None)  # type: ignore[arg-type]
     made = settings(batch_size=6, grad_accum=2)
-    with pytest.raises(ValueError, match="batch_size 6 must be divisible by device_count × grad_a"):
+    with pytest.raises(ConfigurationError, match="batch_size 6 must be divisible by device_count"):
         made.plan(step, TrainRuntime(device_count=2), parts, [("q", "a")] * 12, [])  # type: ignore[arg-type]
     made = settings(batch_size=8)
-    with pytest.raises(ValueError, match="only 4 training examples for batch_size 8"):
+    with pytest.raises(ConfigurationError, match="only 4 training examples for batch_size 8"):
         made.plan(step, TrainRuntime(), parts, [("q", "a")] * 4, [])  # type: ignore[arg-type]
 
 
