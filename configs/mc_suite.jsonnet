@@ -26,7 +26,9 @@
 // second model on the same tasks in the same workspace builds none), `tokens_<task>` (those
 // requests tokenized, once for every model of the same tokenizer files), `scores_<task>` (the
 // model's log-likelihoods or generated texts and lm-eval's results), `metrics` (all tasks'
-// lm-eval results and a flat summary), `trained_model` when training.
+// lm-eval results and a flat summary), `trained_model` when training. With apply_chat_template
+// there are no `requests_`/`tokens_` steps: the prompts depend on the model's tokenizer, and
+// each `scores_<task>` builds its own.
 local engines = import 'lib/engines.libsonnet';
 local variables = import 'lib/variables.libsonnet';
 
@@ -97,8 +99,10 @@ local reads_piqa = std.member(names, 'piqa') || (train_steps > 0 && std.extVar('
   } + {
     // lm-eval's requests of each task, built once: every model scored on the task in this
     // workspace takes them from the cache.
+    // (Chat-templated prompts depend on the model's tokenizer: each scores step builds its own.)
     ['requests_' + name]: { type: 'tango_fairscale::task_requests', task: task(name) }
     for name in names
+    if !chat
   } + {
     // ... tokenized once for every model whose tokenizer has the same files (a trained model
     // keeps its base model's tokenizer).
@@ -108,13 +112,14 @@ local reads_piqa = std.member(names, 'piqa') || (train_steps > 0 && std.extVar('
       tokenizer: std.extVar('model'),
     }
     for name in names
+    if !chat
   } + {
     ['scores_' + name]: {
       type: 'tango_fairscale::task_scores',
       model: if train_steps > 0 then ref('trained_model') else model,
       task: task(name),
-      requests: ref('requests_' + name),
-      tokens: ref('tokens_' + name),
+      [if !chat then 'requests']: ref('requests_' + name),
+      [if !chat then 'tokens']: ref('tokens_' + name),
       precision: std.extVar('precision'),
       pack_sequences: null,
     }

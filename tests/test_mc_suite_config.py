@@ -114,8 +114,9 @@ def test_an_empty_num_fewshot_is_each_tasks_own() -> None:
 
 def test_lm_evals_chat_formatting_reaches_every_task() -> None:
     """``-D apply_chat_template`` / ``fewshot_as_multiturn`` / ``system_instruction``: lm-eval's
-    chat settings on every task's spec (tango.yml's defaults: none of them set); few-shot turns
-    without a chat template, or a value that is not true or false, refused in one line."""
+    chat settings on every task's spec (tango.yml's defaults: none of them set), each scores step
+    building its own requests; few-shot turns without a chat template, or a value that is not
+    true or false, refused in one line."""
     steps = evaluate(MC_SUITE, tasks="copa")["steps"]
     assert {"apply_chat_template", "fewshot_as_multiturn", "system_instruction"}.isdisjoint(
         steps["scores_copa"]["task"]
@@ -129,6 +130,9 @@ def test_lm_evals_chat_formatting_reaches_every_task() -> None:
             assert spec["apply_chat_template"] is True and spec["system_instruction"] == "Be brief."
             assert {k: spec[k] for k in expected} == expected
             assert ("fewshot_as_multiturn" in spec) == bool(expected)
+            # the prompts depend on the model's tokenizer: no requests built for every model
+            assert {"requests", "tokens"}.isdisjoint(steps[f"scores_{task}"])
+            assert f"requests_{task}" not in steps and f"tokens_{task}" not in steps
     with pytest.raises(RuntimeError) as refused:
         evaluate(MC_SUITE, fewshot_as_multiturn="true")
     assert_one_line(str(refused.value), "fewshot_as_multiturn=true needs -D apply_chat_template")
