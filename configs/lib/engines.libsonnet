@@ -18,7 +18,7 @@ local engines = {
       engines[name] {
         precision: precision,
         optimizer: optimizer(lr),
-        [if schedule.warmup_steps > 0 || schedule.decay != 'constant' then 'lr_scheduler']:
+        [if schedule.warmup_steps != 0 || schedule.decay != 'constant' then 'lr_scheduler']:
           { type: 'tango_fairscale::warmup' } + schedule,
       }
     else

@@ -214,6 +214,25 @@ def check_engine_config(engine: Any, world_size: int) -> None:
     check = getattr(found[0], "check_config", None) if found is not None else None
     if found is not None and check is not None:
         check(found[1], world_size)
+    if found is not None:
+        check_scheduler_config(found[1].get("lr_scheduler"))
+
+
+def check_scheduler_config(block: Any) -> None:
+    """The ``check_config(fields)`` of the learning-rate scheduler that ``block``, an engine's
+    ``lr_scheduler`` as written, names, where it has one (``tango_fairscale::warmup``)."""
+    from tango.common.exceptions import ConfigurationError
+    from tango.integrations.torch import LRScheduler
+
+    if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+        return
+    try:
+        scheduler = LRScheduler.resolve_class_name(block["type"])[0]
+    except ConfigurationError:  # an unknown name: refused where the engine builds it
+        return
+    check = getattr(scheduler, "check_config", None)
+    if check is not None:
+        check({key: value for key, value in block.items() if key != "type"})
 
 
 def patch_torch_train_engine_check() -> None:

@@ -39,20 +39,30 @@ class WarmupSchedule(torch.optim.lr_scheduler.LambdaLR):
         decay: str = "constant",
         **kwargs: Any,
     ) -> None:
+        self.check_settings(warmup_steps, train_steps, decay)
+        self.warmup_steps = warmup_steps
+        self.train_steps = train_steps
+        self.decay = decay
+        super().__init__(optimizer, self.factor, **kwargs)
+
+    @classmethod
+    def check_config(cls, fields: dict[str, Any]) -> None:
+        """Refuse in one line the schedule block ``fields`` (as written) that building it would
+        refuse: the training step checks it before any step runs."""
+        warmup_steps, decay = fields.get("warmup_steps", 0), fields.get("decay", "constant")
+        cls.check_settings(warmup_steps, fields.get("train_steps"), decay)
+
+    @staticmethod
+    def check_settings(warmup_steps: Any, train_steps: Any, decay: Any) -> None:
         non_negative_int("warmup_steps", warmup_steps)
         one_of("decay", decay, DECAYS)
         if decay != "constant":
             positive_int("train_steps", train_steps)
-            assert train_steps is not None
             if train_steps <= warmup_steps:
                 raise ConfigurationError(
                     f"train_steps {train_steps} leaves no steps to decay over after "
                     f"warmup_steps {warmup_steps}; lower warmup_steps or use decay 'constant'"
                 )
-        self.warmup_steps = warmup_steps
-        self.train_steps = train_steps
-        self.decay = decay
-        super().__init__(optimizer, self.factor, **kwargs)
 
     def factor(self, step: int) -> float:
         """The learning-rate factor of (0-based) step ``step``."""

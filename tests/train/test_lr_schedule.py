@@ -1,5 +1,6 @@
 """``train/lr_schedule.py``: the warmup factor per step, then constant, linear or cosine decay to
-zero at the last step; refusals before any training."""
+zero at the last step; refusals before any training (the schedule block checked when Tango
+builds the training step)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,11 @@ import math
 
 import pytest
 import torch
+from tango.common import Lazy, Params
 from tango.common.exceptions import ConfigurationError
+from tango.integrations.torch import TrainingEngine
 
+from tango_fairscale.compat import check_engine_config
 from tango_fairscale.train.lr_schedule import WarmupSchedule
 
 
@@ -56,3 +60,24 @@ def test_the_optimizer_steps_at_the_factors() -> None:
 def test_bad_settings_are_refused_in_one_line(options, message) -> None:
     with pytest.raises(ConfigurationError, match=message):
         schedule(**options)
+    with pytest.raises(ConfigurationError, match=message):  # when Tango builds the step
+        check_engine_config(engine_with_schedule(options), world_size=1)
+
+
+def engine_with_schedule(options: dict) -> Lazy:
+    """A ``ddp`` engine config (a ``Lazy``, as the training step receives it) with ``options``
+    as its ``tango_fairscale::warmup`` schedule."""
+    schedule_block = {"type": "tango_fairscale::warmup", **options}
+    engine = {"type": "tango_fairscale::ddp", "lr_scheduler": schedule_block}
+    return Lazy(TrainingEngine, Params(engine))
+
+
+def test_the_configs_pass_a_negative_warmup_on_to_be_refused() -> None:
+    """``-D warmup_steps=-2`` (constant decay) reaches the schedule, not dropped unseen."""
+    from conftest import REPO_ROOT
+    from test_mc_suite_config import evaluate
+
+    steps = evaluate(REPO_ROOT / "configs" / "gpt2_piqa.jsonnet", warmup_steps="-2")["steps"]
+    lazy = Lazy(TrainingEngine, Params(steps["trained_model"]["engine"]))
+    with pytest.raises(ConfigurationError, match="warmup_steps must be 0 or a positive integer"):
+        check_engine_config(lazy, world_size=1)
