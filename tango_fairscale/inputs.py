@@ -3,8 +3,9 @@ here nor fetched is named in one message, so an offline first run fails once, no
 
 Checked, in the steps ``tango run`` would run (all, or those ``-s`` names and what they use):
 
-* a model's ``model`` and ``tokenizer`` (``tango_fairscale::causal_lm``): a local directory, or a
-  hub id the hub or the local hub cache knows (:func:`~.model.fingerprint.hub_revision`, whose
+* a model's ``model`` and ``tokenizer`` (``tango_fairscale::causal_lm``): a local directory
+  holding a ``config.json`` and tokenizer files (:data:`TOKENIZER_FILES`), or a hub id the hub
+  or the local hub cache knows (:func:`~.model.fingerprint.hub_revision`, whose
   answer the steps then reuse);
 * PIQA's files (``tango_fairscale::piqa``): the five official files in ``data_dir``; without one,
   the download cache, else the download server answering;
@@ -15,7 +16,6 @@ Everything else (file contents, hub datasets of lm-eval tasks) is checked where 
 
 from __future__ import annotations
 
-import os
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,7 +43,7 @@ def check_inputs(steps: dict[str, Any], selected: list[str] | None = None) -> No
                 for field in ("model", "tokenizer"):
                     source = node.get(field)
                     if isinstance(source, str) and source not in problems:
-                        problems[source] = _source_problem(field, source) or ""
+                        problems[source] = _source_problem(field, source, node) or ""
             elif node.get("type") == _PIQA:
                 problems[_PIQA] = _piqa_problem(node.get("data_dir")) or ""
             for spec in _task_specs(node):
@@ -60,11 +60,36 @@ def check_inputs(steps: dict[str, Any], selected: list[str] | None = None) -> No
         raise ConfigurationError(f"{len(found)} inputs are missing: " + "; ".join(found))
 
 
-def _source_problem(field: str, source: str) -> str | None:
+#: A tokenizer's files, one of which a directory holding a tokenizer has.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.json",
+    "vocab.txt",
+    "tokenizer.model",
+    "spiece.model",
+)
+
+
+def _source_problem(field: str, source: str, node: dict[str, Any]) -> str | None:
     from .model.fingerprint import hub_revision, is_hub_id
 
     flag = "-D model=DIR" if field == "model" else "a local 'tokenizer' directory"
-    if os.path.isdir(os.path.expanduser(source)):
+    directory = Path(source).expanduser()
+    if directory.is_dir():
+        wanted = []
+        if field == "model" and node.get("config") is None:
+            wanted.append(("config.json", ("config.json",)))
+        if field == "tokenizer" or not node.get("tokenizer"):
+            wanted.append(("tokenizer files", TOKENIZER_FILES))
+        lacking = [
+            what for what, names in wanted if not any((directory / n).is_file() for n in names)
+        ]
+        if lacking:
+            return (
+                f"cannot load {field} from {source!r}: it has no {' and no '.join(lacking)} (a "
+                f"directory save_pretrained wrote holds them); give {flag}"
+            )
         return None
     if not is_hub_id(source):
         return f"cannot load {field} from path {source!r} (no such directory); give {flag}"

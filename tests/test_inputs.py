@@ -65,14 +65,35 @@ def test_the_main_config_offline_names_the_model_and_the_piqa_files(offline) -> 
     assert "-D model=DIR" in message and "-D data_dir=DIR" in message
 
 
-def test_local_inputs_that_are_not_there(tmp_path: Path, piqa_dir: Path) -> None:
+def test_local_inputs_that_are_not_there(
+    tmp_path: Path, piqa_dir: Path, tiny_model_dir: Path
+) -> None:
     (tmp_path / "piqa").mkdir()
     (tmp_path / "piqa" / "valid.jsonl").write_text("{}\n")
     message = missing("gpt2_piqa.jsonnet", model=tmp_path / "nope", data_dir=tmp_path / "piqa")
     assert message.startswith("2 inputs are missing: ")
     assert f"cannot load model from path '{tmp_path / 'nope'}' (no such directory)" in message
     assert f"PIQA data directory {tmp_path / 'piqa'} is missing train.jsonl, train-lab" in message
-    inputs.check_inputs(steps("gpt2_piqa.jsonnet", model=tmp_path, data_dir=piqa_dir))
+    inputs.check_inputs(steps("gpt2_piqa.jsonnet", model=tiny_model_dir, data_dir=piqa_dir))
+
+
+def test_a_model_directory_without_its_config_or_tokenizer_is_named(
+    tmp_path: Path, piqa_dir: Path, tiny_model_dir: Path
+) -> None:
+    """Refused before any step, not after the data steps where the model loads."""
+    import shutil
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    message = missing("gpt2_piqa.jsonnet", model=empty, data_dir=piqa_dir)
+    assert (
+        f"cannot load model from '{empty}': it has no config.json and no tokenizer files" in message
+    )
+    weights_only = shutil.copytree(tiny_model_dir, tmp_path / "weights-only")
+    for name in inputs.TOKENIZER_FILES:
+        (weights_only / name).unlink(missing_ok=True)
+    message = missing("gpt2_piqa.jsonnet", model=weights_only, data_dir=piqa_dir)
+    assert f"'{weights_only}': it has no tokenizer files" in message and "-D model=DIR" in message
 
 
 @pytest.mark.parametrize("train_steps", ["0", "3"])
