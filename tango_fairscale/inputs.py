@@ -77,7 +77,7 @@ def _source_problem(field: str, source: str, node: dict[str, Any]) -> str | None
     flag = "-D model=DIR" if field == "model" else "a local 'tokenizer' directory"
     directory = Path(source).expanduser()
     if directory.is_dir():
-        wanted = []
+        wanted: list[tuple[str, tuple[str, ...]]] = []
         if field == "model" and node.get("config") is None:
             wanted.append(("config.json", ("config.json",)))
         if field == "tokenizer" or not node.get("tokenizer"):
