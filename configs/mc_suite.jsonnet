@@ -45,7 +45,8 @@ local schedule = {
 };
 local data_dir = std.extVar('task_data_dir');
 local piqa_dir = std.extVar('data_dir');
-local names = [name for name in std.split(std.extVar('tasks'), ',') if name != ''];
+local names = [std.stripChars(name, ' ') for name in std.split(std.extVar('tasks'), ',')
+               if std.stripChars(name, ' ') != ''];
 local model = { type: 'tango_fairscale::causal_lm', model: std.extVar('model') };
 local ref(name) = { type: 'ref', ref: name };
 

@@ -9,7 +9,8 @@ Checked, in the steps ``tango run`` would run (all, or those ``-s`` names and wh
   answer the steps then reuse);
 * PIQA's files (``tango_fairscale::piqa``): the five official files in ``data_dir``; without one,
   the download cache, else the download server answering;
-* a task's ``data_dir`` (``task``, ``validate_tasks``): a directory holding ``<split>.jsonl``.
+* a task's ``data_dir`` (``task``, ``validate_tasks``): a directory holding ``<split>.jsonl``,
+  for a name lm-eval has a task of (else the closest names).
 
 Everything else (file contents, hub datasets of lm-eval tasks) is checked where it is read.
 """
@@ -47,7 +48,10 @@ def check_inputs(steps: dict[str, Any], selected: list[str] | None = None) -> No
             elif node.get("type") == _PIQA:
                 problems[_PIQA] = _piqa_problem(node.get("data_dir")) or ""
             for spec in _task_specs(node):
-                if not _holds_documents(spec["data_dir"]):
+                unknown = _name_problem(spec.get("name"))
+                if unknown:  # a typo: not a data directory to fill
+                    problems[str(spec.get("name"))] = unknown
+                elif not _holds_documents(spec["data_dir"]):
                     parent = str(Path(spec["data_dir"]).parent)
                     names = tasks.setdefault(parent, [])
                     if str(spec.get("name")) not in names:
@@ -125,6 +129,19 @@ def _piqa_problem(data_dir: Any) -> str | None:
             f"cannot download the PIQA files from {PIQA_URL} ({one_line(reason, 120)}); give "
             f"-D data_dir=DIR holding the official files {', '.join(PIQA_FILES)}"
         )
+
+
+def _name_problem(name: Any) -> str | None:
+    """Why lm-eval has no task ``name`` to read local data with (the closest names), if so."""
+    from .tasks.builtin import builtin
+
+    if not isinstance(name, str):
+        return None
+    try:
+        builtin(name, local=True)
+    except ConfigurationError as error:
+        return str(error)
+    return None
 
 
 def _tasks_problem(parent: str, names: list[str]) -> str:

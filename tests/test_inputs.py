@@ -112,6 +112,25 @@ def test_every_missing_task_folder_is_named(
     )
 
 
+def test_a_misspelled_task_with_local_data_is_named_as_a_typo(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """Not sent to fill a data directory for a task lm-eval does not have; spaces after the
+    commas of ``-D tasks`` are no part of a name."""
+    for name in ("piqa", "arc_easy"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "validation.jsonl").write_text("{}\n")
+    message = missing(
+        "mc_suite.jsonnet", model=tiny_model_dir, task_data_dir=tmp_path, tasks="piqa,arc_esay"
+    )
+    assert message.startswith("unknown lm-eval task 'arc_esay'") and "'arc_easy'" in message
+    spaced = steps(
+        "mc_suite.jsonnet", model=tiny_model_dir, task_data_dir=tmp_path, tasks="piqa, arc_easy"
+    )
+    assert {"scores_piqa", "scores_arc_easy"} <= set(spaced)
+    inputs.check_inputs(spaced)
+
+
 def test_only_the_selected_steps_and_what_they_use(offline, tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError, match="^cannot download the PIQA files"):
         inputs.check_inputs(steps("gpt2_piqa.jsonnet"), ["piqa"])
