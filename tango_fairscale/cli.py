@@ -45,14 +45,23 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from . import eval_arguments, eval_cli
 
 PROG = "tango-fairscale"
 
 
+class OneLineErrors(argparse.ArgumentParser):
+    """A parser whose usage errors are one line (argparse prints the whole usage block first:
+    13 lines for ``eval``), pointing to ``--help``; its subcommands' parsers are of this class."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrors(
         prog=PROG, description="Tools for tango_fairscale runs in a Tango workspace."
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

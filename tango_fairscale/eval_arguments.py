@@ -122,7 +122,7 @@ def _add_settings(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--limit",
-        type=_whole_number,
+        type=_document_count,
         default=0,
         metavar="N",
         help="at most N documents per task (default 0: all)",
@@ -185,6 +185,19 @@ def _whole_number(text: str, least: int = 0) -> int:
     if value < least:
         raise argparse.ArgumentTypeError(f"must be a whole number >= {least}, got {text!r}")
     return value
+
+
+def _document_count(text: str) -> int:
+    """``--limit``: a whole number of documents (lm_eval's fraction of a task is not taken)."""
+    try:
+        fraction = 0 < float(text) < 1
+    except ValueError:
+        fraction = False
+    if fraction:
+        raise argparse.ArgumentTypeError(
+            f"a number of documents, not a fraction of each task as in lm_eval; got {text!r}"
+        )
+    return _whole_number(text)
 
 
 def _positive(text: str) -> int:
