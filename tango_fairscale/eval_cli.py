@@ -34,6 +34,7 @@ builds the steps, before any step runs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import secrets
@@ -245,7 +246,9 @@ def _tango(argv: list[str]) -> int:
     check(argv)
     collect_less()  # as in ``tango run``'s own process
     try:
-        tango_main(args=argv, prog_name="tango")
+        # Tango's log and step table go where lm_eval's logs go: stdout is the results' alone.
+        with contextlib.redirect_stdout(sys.stderr):
+            tango_main(args=argv, prog_name="tango")
     except SystemExit as done:
         code = done.code
         return code if isinstance(code, int) else (0 if code is None else 1)

@@ -28,14 +28,16 @@ def lm_eval_results(
     metrics = Workspace.from_url(workspace).step_result_for_run(run_name, "metrics")
     results = dict(metrics["lm_eval"])
     scored = results.pop("config", {})
-    results["config"] = {
+    if not results.get("groups"):  # lm-eval writes the key only where there are groups
+        results.pop("groups", None)
+    results["config"] = {  # typed as lm-eval types them: a dict, a string, a float
         "model": "tango_fairscale",
-        "model_args": f"pretrained={args.model}",
-        "batch_size": args.batch_size or DEFAULT_BATCH_SIZE,
+        "model_args": {"pretrained": args.model},
+        "batch_size": str(args.batch_size or DEFAULT_BATCH_SIZE),
         "batch_sizes": [],
         "device": scored.get("device"),
         "precision": scored.get("precision"),
-        "limit": args.limit or None,
+        "limit": float(args.limit) if args.limit else None,
         "num_fewshot": args.num_fewshot,
         "workspace": workspace,
         "run": run_name,
@@ -68,9 +70,10 @@ def chat_template(model: str) -> str | None:
 
 def header(args: argparse.Namespace) -> str:
     """The line lm_eval prints above its table."""
+    limit = float(args.limit) if args.limit else None
     return (
-        f"tango_fairscale (pretrained={args.model}), gen_kwargs: (None), "
-        f"limit: {args.limit or None}, num_fewshot: {args.num_fewshot}, "
+        f"tango_fairscale ({ {'pretrained': args.model} }), gen_kwargs: ({{}}), "
+        f"limit: {limit}, num_fewshot: {args.num_fewshot}, "
         f"batch_size: {args.batch_size or DEFAULT_BATCH_SIZE}"
     )
 

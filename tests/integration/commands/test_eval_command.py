@@ -5,7 +5,9 @@ as lm_eval's command line for its Hugging Face backend. Its arguments and result
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -25,9 +27,20 @@ def test_eval_is_mc_suite_with_lm_eval_output(tmp_path: Path, tokenizer_dir: Pat
     lm_eval_form = ["--model", "hf", "--model_args", f"pretrained={model},dtype=float32"]
     lm_eval_form += ["--batch_size", "auto", "--device", "cpu"]
     command = [sys.executable, "-m", "tango_fairscale", "eval", *lm_eval_form, *settings]
-    output = run_command(command + ["-w", str(workspace), "--output_path", str(out)], tmp_path)
-
-    assert f"tango_fairscale (pretrained={model}), gen_kwargs: (None), limit: 4" in output
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        command + ["-w", str(workspace), "--output_path", str(out)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    # stdout holds lm_eval's header and table alone (Tango's log goes to stderr, as lm_eval's)
+    header = f"tango_fairscale ({ {'pretrained': str(model)} }), gen_kwargs: ({{}}), limit: 4.0"
+    assert done.stdout.startswith(header) and "Starting step" in done.stderr, done.stdout[:2000]
     rows = [line for line in output.splitlines() if line.startswith("|")]
     cells = [[cell.strip() for cell in row.split("|")[1:-1]] for row in rows]
     assert cells[0][:5] == ["Tasks", "Version", "Filter", "n-shot", "Metric"]
@@ -38,7 +51,8 @@ def test_eval_is_mc_suite_with_lm_eval_output(tmp_path: Path, tokenizer_dir: Pat
     (written,) = out.glob("*/results_*.json")
     assert written.parent.name == str(model).replace("/", "__")
     results = json.loads(written.read_text())
-    assert results["config"]["model_args"] == f"pretrained={model}"
+    assert results["config"]["model_args"] == {"pretrained": str(model)}  # as lm-eval types it
+    assert results["config"]["limit"] == 4.0 and "groups" not in results
     assert results["model_name"] == str(model) and results["n-samples"]["copa"]["effective"] == 4
 
     defines = {"model": model, "tasks": "copa,arc_easy", "limit": 4, "task_data_dir": FIXTURES}
