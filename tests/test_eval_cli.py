@@ -178,26 +178,6 @@ def test_lm_evals_model_arguments_that_cannot_be_taken_are_refused_in_one_line(
     assert not workspace.exists()
 
 
-@pytest.mark.parametrize(
-    ("option", "fragment"),
-    [
-        (["--limit", "0.5"], "a number of documents, not a fraction of each task as in lm_eval"),
-        (["--limit", "-3"], "argument --limit: must be a whole number >= 0, got '-3'"),
-        (["--batch_size", "auto:x"], "must be a positive whole number, auto or auto:N"),
-        (["--log_samples"], "unrecognized arguments: --log_samples"),
-    ],
-)
-def test_a_usage_error_is_one_line_without_the_usage_block(
-    option: list[str], fragment: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    with pytest.raises(SystemExit) as exit_:
-        main(["eval", "--model", "/m", "--tasks", "copa", *option])
-    assert exit_.value.code == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and fragment in err, err
-    assert "(see 'tango-fairscale" in err and "--help')" in err
-
-
 def test_the_device_is_chosen_through_cuda_visible_devices(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
