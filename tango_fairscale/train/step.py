@@ -127,6 +127,8 @@ class TrainStep(Step[ModelWrapper]):
     def unique_id(self) -> str:
         """Tango's unique id, with the engine's precision ``auto`` as what it means here
         (:func:`~tango_fairscale.parallel.precision.precision_key`)."""
+        if self.unique_id_cache is not None:  # Tango asks at every hash of the step
+            return self.unique_id_cache
         if engine_precision(self.kwargs.get("engine")) != "auto":
             return super().unique_id
         return unique_id_with(self, lambda: {"engine_precision": precision_key("auto")})
