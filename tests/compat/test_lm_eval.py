@@ -17,7 +17,7 @@ from conftest import REPO_ROOT, lm_eval_as_released
 from tango_fairscale.tasks.lm_eval import TaskSpec, load_tasks, training_pairs
 
 sys.path.insert(0, str(REPO_ROOT / "tests" / "fixtures" / "tasks"))
-from lm_eval_fixtures import DATA_DIR, FIXTURES, TASKS  # noqa: E402
+from lm_eval_fixtures import DATA_DIR, FIXTURES, TASKS, task_config  # noqa: E402
 
 
 def requests_and_pairs(task_name: str) -> tuple[list, list]:
@@ -88,18 +88,7 @@ def test_a_metric_evaluate_would_load_as_a_script_is_refused_before_it_runs(
         (tmp_path / name).mkdir()
         (tmp_path / name / f"{name}.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
     monkeypatch.chdir(tmp_path)
-    test = REPO_ROOT / "tests" / "fixtures" / "tasks" / "piqa" / "validation.jsonl"
-    config = {
-        "task": "my_piqa",
-        "dataset_path": "json",
-        "dataset_kwargs": {"data_files": {"test": str(test)}},
-        "output_type": "multiple_choice",
-        "doc_to_text": "Question: {{goal}}\nAnswer:",
-        "doc_to_choice": "{{[sol1, sol2]}}",
-        "doc_to_target": "label",
-        "test_split": "test",
-        "metric_list": [metric],
-    }
+    config = task_config("piqa", metric_list=[metric])  # lm-eval's piqa over the fixture
     with pytest.raises(ConfigurationError) as error:
         load_tasks(TaskSpec(config=config))
     message = str(error.value)
