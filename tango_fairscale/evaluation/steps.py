@@ -17,7 +17,7 @@ from .. import compat  # noqa: F401  (Tango fixes)
 from ..checks import boolean, integer
 from ..model.causal_lm import ModelWrapper, packing_refusal
 from ..model.fingerprint import FingerprintedLazy
-from ..parallel.precision import precision_key, resolve_precision
+from ..parallel.precision import auto_precision_key, resolve_precision
 from ..runtime.devices import start_cuda
 from ..tasks.format import JsonDataFormat
 from ..tasks.lm_eval import TaskSpec, load_tasks
@@ -116,14 +116,15 @@ class TaskScoresStep(Step[dict]):
     @property
     def unique_id(self) -> str:
         """Tango's unique id, with a :class:`ModelSource` hashed as the model it loads and
-        precision ``auto`` as what it means here (:func:`precision_key`)."""
+        precision ``auto`` as what it means here
+        (:func:`~tango_fairscale.parallel.precision.auto_precision_key`)."""
         model = self.kwargs.get("model")
         auto = self.kwargs.get("precision") == "auto"
         if not isinstance(model, ModelSource) and not auto:
             return super().unique_id
 
         def stand_ins() -> dict[str, Any]:
-            hashed: dict[str, Any] = {"precision": precision_key("auto")} if auto else {}
+            hashed: dict[str, Any] = {"precision": auto_precision_key()} if auto else {}
             if isinstance(model, ModelSource):
                 hashed["model"] = model.hash_stand_in()
             return hashed

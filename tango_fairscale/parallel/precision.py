@@ -69,13 +69,11 @@ class Precision:
         return sdpa_kernel(GPU_ATTENTION) if device.type == "cuda" else contextlib.nullcontext()
 
 
-def precision_key(name: str) -> str:
-    """``name`` as a cache key holds it: ``auto`` with the kind of device it resolves for on
+def auto_precision_key() -> str:
+    """Precision ``auto`` as a cache key holds it: with the kind of device it resolves for on
     this machine (``auto/cuda``: bf16-mixed on a bf16 GPU; ``auto/cpu``: 32-true), so that a
     result computed in one precision is not served where ``auto`` means the other; told without
-    starting CUDA. Any other name as it is."""
-    if name != "auto":
-        return name
+    starting CUDA."""
     return f"auto/{'cuda' if torch.cuda.is_available() else 'cpu'}"
 
 

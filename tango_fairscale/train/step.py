@@ -24,7 +24,7 @@ from ..model.fingerprint import FingerprintedLazy
 from ..model.loading import weights_loaded_over
 from ..parallel.consolidate import full_state_dict
 from ..parallel.model_only import finish_work_dir
-from ..parallel.precision import precision_key
+from ..parallel.precision import auto_precision_key
 from ..parallel.safe_load import load_torch_file
 from ..records.checkpoints import CheckpointError
 from ..records.retention import finished_checkpoint
@@ -126,12 +126,12 @@ class TrainStep(Step[ModelWrapper]):
     @property
     def unique_id(self) -> str:
         """Tango's unique id, with the engine's precision ``auto`` as what it means here
-        (:func:`~tango_fairscale.parallel.precision.precision_key`)."""
+        (:func:`~tango_fairscale.parallel.precision.auto_precision_key`)."""
         if self.unique_id_cache is not None:  # Tango asks at every hash of the step
             return self.unique_id_cache
         if engine_precision(self.kwargs.get("engine")) != "auto":
             return super().unique_id
-        return unique_id_with(self, lambda: {"engine_precision": precision_key("auto")})
+        return unique_id_with(self, lambda: {"engine_precision": auto_precision_key()})
 
     @property
     def resources(self) -> StepResources:
