@@ -37,7 +37,7 @@ def lm_eval_results(
         "batch_sizes": [],
         "device": scored.get("device"),
         "precision": scored.get("precision"),
-        "limit": float(args.limit) if args.limit else None,
+        "limit": _limit(args),
         "num_fewshot": args.num_fewshot,
         "workspace": workspace,
         "run": run_name,
@@ -70,12 +70,16 @@ def chat_template(model: str) -> str | None:
 
 def header(args: argparse.Namespace) -> str:
     """The line lm_eval prints above its table."""
-    limit = float(args.limit) if args.limit else None
     return (
         f"tango_fairscale ({ {'pretrained': args.model} }), gen_kwargs: ({{}}), "
-        f"limit: {limit}, num_fewshot: {args.num_fewshot}, "
+        f"limit: {_limit(args)}, num_fewshot: {args.num_fewshot}, "
         f"batch_size: {args.batch_size or DEFAULT_BATCH_SIZE}"
     )
+
+
+def _limit(args: argparse.Namespace) -> float | None:
+    """``--limit`` as lm-eval records it: a float, or ``None`` for every document."""
+    return float(args.limit) if args.limit else None
 
 
 def results_tables(results: dict[str, Any]) -> str:

@@ -211,11 +211,12 @@ def check_engine_config(engine: Any, world_size: int) -> None:
     :meth:`~tango_fairscale.parallel.engine.Engine.check_config`); anything else is left to its
     own construction."""
     found = registered_engine(engine)
-    check = getattr(found[0], "check_config", None) if found is not None else None
-    if found is not None and check is not None:
+    if found is None:
+        return
+    check = getattr(found[0], "check_config", None)
+    if check is not None:
         check(found[1], world_size)
-    if found is not None:
-        check_scheduler_config(found[1].get("lr_scheduler"))
+    check_scheduler_config(found[1].get("lr_scheduler"))
 
 
 def check_scheduler_config(block: Any) -> None:
