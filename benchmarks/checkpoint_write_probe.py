@@ -1,12 +1,14 @@
 """What writing one checkpoint file costs on this host, by part: the file write, the SHA-256
 digest the manifest records, and the two together as ``records.manifest.write_file`` does them
-(each large write hashed on a thread while the file takes it) against one after the other; and
+(each large write hashed on a thread while the file takes it, the file synced to the disk at its
+end) against one after the other; and
 reading a file back to verify it (``records.manifest.file_record``: each chunk hashed while the
 next is read) against reading and hashing in turn, from the page cache (a resume right after a
 stop) and, where the container lets root drop it, from the disk (a resume on a fresh node).
 
 A state of ``--gib`` GiB of fp32 tensors (1,600 x 6,400 each, GPT-2 1.5B's MLP shape) goes through
-``torch.save`` into files under ``--dir``: plain (no digest), through ``write_file`` with the
+``torch.save`` into files under ``--dir``: plain (no digest, left in the page cache), plain and
+synced (``fsync``), through ``write_file`` with the
 overlap, and with it off (every write hashed before the file takes it), alternating ``--repeat``
 times, each file deleted and ``sync`` run before the next write, so that no variant inherits
 another's dirty pages. Also: SHA-256 over the state's bytes alone, the host's CPU and the kernel's
@@ -48,6 +50,11 @@ def timed_write(path: Path, state: dict[str, torch.Tensor], variant: str) -> flo
     started = time.perf_counter()
     if variant == "plain":
         torch.save(state, path)
+    elif variant == "plain-fsync":
+        with open(path, "wb") as file:
+            torch.save(state, file)
+            file.flush()
+            os.fsync(file.fileno())
     else:
         overlapped = manifest._OVERLAPPED_BYTES
         if variant == "digest-serial":
@@ -127,7 +134,7 @@ def main() -> None:
     state = state_of(args.gib)
     size = sum(tensor.numel() * tensor.element_size() for tensor in state.values())
     path = args.dir / "checkpoint_write_probe.pt"
-    variants = ["plain", "digest-overlapped", "digest-serial"]
+    variants = ["plain", "plain-fsync", "digest-overlapped", "digest-serial"]
     seconds: dict[str, list[float]] = {variant: [] for variant in variants}
     for _ in range(args.repeat):
         for variant in variants:

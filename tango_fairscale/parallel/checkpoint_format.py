@@ -36,6 +36,7 @@ from ..records.checkpoints import (
     file_record,
     read_manifest,
     share,
+    sync_tree,
     write_manifest,
 )
 from ..runtime.process_group import all_gather_objects
@@ -208,6 +209,8 @@ class CheckpointFormat(ABC):
                 (target / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(directory / name, target / name)
                 records[name] = file_record(target / name)
+        if (target / HF_FILES).is_dir():
+            sync_tree(target / HF_FILES)
         written = Manifest(self.name, manifest.identity, records, model_only=True)
         write_manifest(target, written)
         return written
@@ -266,6 +269,7 @@ def save_model_files(model: Any, directory: Path) -> dict[str, FileRecord]:
     target = directory / HF_FILES
     model.model.config.save_pretrained(target)
     model.tokenizer.save_pretrained(target)
+    sync_tree(target)
     files = sorted(path for path in target.rglob("*") if path.is_file())
     return {path.relative_to(directory).as_posix(): file_record(path) for path in files}
 

@@ -27,6 +27,9 @@ from .manifest import (
     Identity,
     Manifest,
     file_record,
+    replace_durably,
+    sync_directory,
+    sync_tree,
     write_file,
 )
 
@@ -58,6 +61,7 @@ __all__ = [
     "share",
     "step_name",
     "step_of",
+    "sync_tree",
     "write_file",
     "write_manifest",
 ]
@@ -123,10 +127,9 @@ def partial_dir(checkpoints: Path, step: int) -> Path:
 
 
 def write_manifest(directory: Path, manifest: Manifest) -> None:
-    """Write ``manifest`` into ``directory`` (atomically; after every file it lists)."""
-    temporary = directory / f"{MANIFEST}.tmp"
-    temporary.write_text(manifest.to_json())
-    os.replace(temporary, directory / MANIFEST)
+    """Write ``manifest`` into ``directory`` (atomically and on the disk; after every file it
+    lists)."""
+    replace_durably(directory / MANIFEST, manifest.to_json())
 
 
 def read_manifest(directory: Path) -> Manifest:
@@ -205,9 +208,7 @@ def commit(partial: Path, keep: int) -> Path:
     newest ``keep`` complete checkpoints."""
     checkpoints = partial.parent
     final = install(partial)
-    temporary = checkpoints / f"{LATEST}.tmp"
-    temporary.write_text(final.name)
-    os.replace(temporary, checkpoints / LATEST)
+    replace_durably(checkpoints / LATEST, final.name)
     for old in complete_checkpoints(checkpoints)[keep:]:
         discard(old)
     return final
@@ -221,6 +222,7 @@ def install(partial: Path) -> Path:
     final = partial.with_name(partial.name.removeprefix(PARTIAL_PREFIX))
     doomed = _set_aside(final) if final.exists() else None
     os.replace(partial, final)
+    sync_directory(final.parent)
     if doomed is not None:
         shutil.rmtree(doomed)
     return final

@@ -8,6 +8,7 @@ import contextlib
 import contextvars
 import hashlib
 import json
+import os
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -136,11 +137,47 @@ class HashingFile:
 
 
 def write_file(path: Path, write: Callable[[HashingFile], object]) -> FileRecord:
-    """Create ``path`` with what ``write`` writes into the file it is given; its record."""
+    """Create ``path`` with what ``write`` writes into the file it is given, on the disk (not
+    only in the page cache) when this returns; its record."""
     with open(path, "wb") as file:
         hashing = HashingFile(file)
         write(hashing)
+        file.flush()
+        os.fsync(file.fileno())
     return hashing.record()
+
+
+def replace_durably(path: Path, text: str) -> None:
+    """Write ``path`` whole or not at all, on the disk when this returns: ``text`` goes to a
+    temporary file, synced, then renamed over ``path``, and the directory synced."""
+    temporary = path.with_name(f"{path.name}.tmp")
+    with open(temporary, "w") as file:
+        file.write(text)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temporary, path)
+    sync_directory(path.parent)
+
+
+def sync_tree(directory: Path) -> None:
+    """Put on the disk every file under ``directory`` (written without :func:`write_file`, as
+    ``save_pretrained`` writes) and the names of them."""
+    for path in sorted(Path(directory).rglob("*")):
+        if path.is_file():
+            with open(path, "rb") as file:
+                os.fsync(file.fileno())
+    for folder in sorted({path.parent for path in Path(directory).rglob("*")} | {directory}):
+        sync_directory(folder)
+
+
+def sync_directory(directory: Path) -> None:
+    """Put on the disk the names created, renamed or removed in ``directory``: a renamed file
+    reaches the disk with its data, but its new name only once its directory is synced."""
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 #: How much of a file :func:`file_record` reads at a time.
