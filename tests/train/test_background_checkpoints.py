@@ -7,6 +7,7 @@ background: its 2-process ``fairscale`` runs, killed and resumed)."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -16,7 +17,7 @@ from helpers.checkpoints import build_engine
 from tango.integrations.torch import TrainingEngine
 
 from tango_fairscale.parallel.rank_files import RankFiles
-from tango_fairscale.records.checkpoints import LATEST, complete_checkpoints
+from tango_fairscale.records.checkpoints import LATEST, complete_checkpoints, read_manifest
 from tango_fairscale.train.checkpoints import (
     BackgroundWriter,
     CheckpointPolicy,
@@ -68,6 +69,34 @@ def test_the_loop_goes_on_while_the_files_are_written(
     assert resume(fresh, tmp_path / "checkpoints", True)["step"] == 5
     for name, tensor in weights(fresh).items():
         assert torch.equal(tensor, before[name]), name
+
+
+def test_a_checkpoint_is_on_the_disk_before_latest_names_it(writer, monkeypatch, tmp_path):
+    """Each file the manifest lists, the manifest, the checkpoint's directory (its files' names)
+    and the checkpoints directory (its new name) are fsynced before ``latest`` is renamed into
+    place: a power loss after that leaves a whole checkpoint, not one its checksums refuse."""
+    synced: list[str] = []
+    fsync, replace = os.fsync, os.replace
+
+    def recording_fsync(descriptor: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{descriptor}"))
+        fsync(descriptor)
+
+    def recording_replace(source, target) -> None:
+        if os.path.basename(target) == LATEST:
+            synced.append("latest renamed")
+        replace(source, target)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    monkeypatch.setattr(os, "replace", recording_replace)
+    writer.save(5, wait=True)
+    [checkpoint] = complete_checkpoints(tmp_path / "checkpoints")
+    before_latest = synced[: synced.index("latest renamed")]
+    partial = str(checkpoint.with_name(".partial-" + checkpoint.name))
+    listed = [f"{partial}/{name}" for name in read_manifest(checkpoint).files]
+    assert set(listed) | {f"{partial}/manifest.json.tmp", partial} <= set(before_latest)
+    assert str(tmp_path / "checkpoints") in before_latest  # after the partial's rename
+    assert synced[-1] == str(tmp_path / "checkpoints")  # latest's own name
 
 
 def test_a_failed_write_stops_the_run_in_one_line(writer, monkeypatch, tmp_path) -> None:
