@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import itertools
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
@@ -167,14 +168,30 @@ def test_bf16_true_leaves_a_shared_model_as_it_was_for_the_next_step(
     assert after_bf16["samples"] == fresh["samples"]
 
 
+def test_a_bf16_model_is_probed_on_the_gpu_only_where_its_fp32_weights_fit_four_times(
+    tiny_model_dir, monkeypatch
+) -> None:
+    """A bf16 model's load probes run in fp32 on the GPU where that copy takes at most a quarter
+    of the free memory, else on the CPU (the GPU's peak then stays at bf16's size)."""
+    model = ModelWrapper(str(tiny_model_dir))
+    fp32_bytes = sum(4 * p.numel() for p in itertools.chain(model.parameters(), model.buffers()))
+    cuda = torch.device("cuda")
+    for free_bytes, on_gpu in [(4 * fp32_bytes, True), (4 * fp32_bytes - 1, False)]:
+        free_and_total = (free_bytes, 1 << 40)
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device, m=free_and_total: m)
+        assert shared_model.probes_on(model, cuda, torch.bfloat16) is on_gpu
+        assert shared_model.probes_on(model, cuda, torch.float32)
+    assert shared_model.probes_on(model, CPU, torch.bfloat16)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="probes on a GPU")
-def test_an_fp32_model_is_probed_on_the_gpu_it_scores_on(tiny_model_dir, probed_devices) -> None:
-    """The load probes run where the fp32 model goes whole; a bf16 one is probed on the CPU
-    (its cast on the way keeps the GPU's peak at bf16), and both take packed batches."""
+def test_a_small_model_is_probed_on_the_gpu_it_scores_on(tiny_model_dir, probed_devices) -> None:
+    """The load probes of a model that fits the GPU four times over in fp32 run there, in fp32,
+    whatever dtype it scores in, and both dtypes take packed batches."""
     source = ModelSource({"model": str(tiny_model_dir)})
     cuda = torch.device("cuda")
     fp32 = source.load(cuda, torch.float32)
     bf16 = source.load(cuda, torch.bfloat16)
-    assert probed_devices == ["cuda", "cpu"]
+    assert probed_devices == ["cuda", "cuda"]
     assert fp32.supports_packing and bf16.supports_packing
     assert {p.device.type for p in bf16.parameters()} == {"cuda"}
