@@ -55,6 +55,13 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help="write lm-eval's results JSON as lm_eval does: PATH.json -> PATH_<date>.json; a "
         "directory -> PATH/<model>/results_<date>.json",
     )
+    parser.add_argument(
+        "--log_samples",
+        "-s",
+        action="store_true",
+        help="with --output_path: also each document's samples, as lm_eval writes them "
+        "(samples_<task>_<date>.jsonl beside the results; without the document and its hashes)",
+    )
 
 
 def _add_model(parser: argparse.ArgumentParser) -> None:

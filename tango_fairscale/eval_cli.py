@@ -4,7 +4,7 @@
 
     tango-fairscale eval --model PATH_OR_ID --tasks piqa,arc_easy [--num_fewshot K] [--limit N]
         [--precision P] [--batch_size B] [--device DEVICE] [--device_count N] [--engine E]
-        [--task_data_dir DIR] [-w WORKSPACE] [--output_path PATH]
+        [--task_data_dir DIR] [-w WORKSPACE] [--output_path PATH [--log_samples]]
 
 is ``tango run configs/mc_suite.jsonnet -D model=... -D tasks=... -D num_fewshot=K -D limit=N
 -D train_steps=0`` (``-D num_fewshot=`` without ``--num_fewshot``: each task's own, as lm_eval;
@@ -15,7 +15,9 @@ settings in the same workspace, starts no step. ``--batch_size`` is the scoring 
 (``lm_eval.utils.make_table``) and, with ``--output_path``, writes lm-eval's results JSON where
 ``lm_eval --output_path`` (lm-eval 0.4.13's ``EvaluationTracker``) writes it: for a path ending in
 ``.json``, ``<stem>_<date>.json`` beside it; for any other path (a directory),
-``<path>/<model name with / and : as __>/results_<date>.json``.
+``<path>/<model name with / and : as __>/results_<date>.json``; with ``--log_samples``, each
+task's per-document samples beside it, as ``lm_eval --log_samples`` writes them (lm-eval's own
+``EvaluationTracker``), from the scores steps (no document text or hashes: the steps keep none).
 
 An ``lm_eval`` command line for the Hugging Face backend runs with its program name changed:
 ``--model hf --model_args pretrained=PATH_OR_ID[,dtype=D]`` names the model (``dtype``: float32 is
@@ -51,7 +53,15 @@ from .eval_arguments import (
     PRECISIONS,
     default_workspace,
 )
-from .eval_results import header, lm_eval_results, results_file, results_tables, write_results
+from .eval_results import (
+    header,
+    lm_eval_results,
+    new_date_id,
+    results_file,
+    results_tables,
+    write_results,
+    write_samples,
+)
 
 #: The config and settings the command runs: the repository's (next to the package).
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -78,6 +88,8 @@ def run(args: argparse.Namespace, prog: str) -> int:
     for value in (args.model, args.task_data_dir, args.system_instruction):
         if value is not None and "=" in value:
             raise EvalError(f"'=' in {value!r}: Tango's -D values cannot hold one")
+    if args.log_samples and not args.output_path:
+        raise EvalError("--log_samples needs --output_path: the samples are written beside it")
     if args.output_path:  # made now: a path that cannot hold the results fails before any work
         try:
             results_file(args.output_path, args.model, "DATE").parent.mkdir(
@@ -98,8 +110,14 @@ def run(args: argparse.Namespace, prog: str) -> int:
     print(header(args))
     print(results_tables(results))
     if args.output_path:
-        path = write_results(results, args.output_path)
+        written_at = new_date_id()
+        path = write_results(results, args.output_path, written_at)
         print(f"{prog}: wrote {path}", file=sys.stderr)
+        if args.log_samples:
+            files = write_samples(
+                workspace, name, args.tasks, args.output_path, args.model, written_at
+            )
+            print(f"{prog}: wrote {len(files)} samples files beside it", file=sys.stderr)
     return 0
 
 

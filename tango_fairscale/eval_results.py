@@ -92,12 +92,16 @@ def results_tables(results: dict[str, Any]) -> str:
     return "\n".join(tables)
 
 
-def write_results(results: dict[str, Any], output_path: str) -> Path:
+def new_date_id() -> str:
+    """The date in the names of the files lm_eval writes (``EvaluationTracker``'s ``date_id``)."""
+    return datetime.now().isoformat().replace(":", "-")
+
+
+def write_results(results: dict[str, Any], output_path: str, date_id: str) -> Path:
     """Write ``results`` where lm-eval 0.4.13's ``EvaluationTracker.save_results_aggregated``
     writes them; returns the file."""
     from lm_eval.utils import handle_non_serializable
 
-    date_id = datetime.now().isoformat().replace(":", "-")
     target = results_file(output_path, str(results["model_name"]), date_id)
     target.parent.mkdir(parents=True, exist_ok=True)
     dumped = json.dumps(results, indent=2, default=handle_non_serializable, ensure_ascii=False)
@@ -115,3 +119,29 @@ def results_file(output_path: str, model_name: str, date_id: str) -> Path:
     if path.suffix == ".json":
         return path.with_name(f"{path.stem}_{date_id}.json")
     return path / sanitize_model_name(model_name) / f"results_{date_id}.json"
+
+
+def write_samples(
+    workspace: str, run_name: str, tasks: list[str], output_path: str, model: str, date_id: str
+) -> list[Path]:
+    """Write the per-document samples of the run's ``scores_<task>`` steps as ``lm_eval
+    --log_samples`` writes them, through lm-eval's own ``EvaluationTracker``: a
+    ``samples_<task>_<date>.jsonl`` per scored task (each task of a group) beside the results
+    file. Each line has lm-eval's keys but ``doc`` and the hashes (the steps keep no documents).
+    Returns the files."""
+    from lm_eval.loggers import EvaluationTracker
+    from lm_eval.utils import sanitize_model_name
+    from tango import Workspace
+
+    steps = Workspace.from_url(workspace)
+    tracker = EvaluationTracker(output_path=output_path)
+    tracker.general_config_tracker.model_name_sanitized = sanitize_model_name(model)
+    tracker.date_id = date_id
+    folder = results_file(output_path, model, date_id).parent
+    written = []
+    for task in tasks:
+        scores = steps.step_result_for_run(run_name, f"scores_{task}")
+        for name, samples in sorted(scores.get("samples", {}).items()):
+            tracker.save_results_samples(name, samples)
+            written.append(folder / f"samples_{name}_{date_id}.jsonl")
+    return written

@@ -21,7 +21,7 @@ import torch
 
 from tango_fairscale.cli import main
 from tango_fairscale.eval_cli import tango_arguments
-from tango_fairscale.eval_results import write_results
+from tango_fairscale.eval_results import new_date_id, write_results
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "tasks"
@@ -75,6 +75,15 @@ def test_an_output_path_that_cannot_be_written_is_refused_before_any_work(
         + ["--output_path", str(tmp_path / "file" / "results")]
     )
     assert_one_line_error(code, capsys.readouterr().err, f"--output_path {tmp_path}/file/results")
+    assert not workspace.exists()
+
+
+def test_log_samples_without_an_output_path_is_refused_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    workspace = tmp_path / "workspace"
+    code = main(["eval", "--model", "m", "--tasks", "copa", "-w", str(workspace), "-s"])
+    assert_one_line_error(code, capsys.readouterr().err, "--log_samples needs --output_path")
     assert not workspace.exists()
 
 
@@ -256,7 +265,9 @@ def test_the_results_file_is_where_lm_eval_writes_it(tmp_path: Path, output: str
     config = GeneralConfigTracker()
     config.log_experiment_args("tango_fairscale", model_args, None, None, False)
     ours = write_results(
-        {**base, "task_hashes": {}, **asdict(config)}, str(tmp_path / "ours" / output)
+        {**base, "task_hashes": {}, **asdict(config)},
+        str(tmp_path / "ours" / output),
+        new_date_id(),
     )
 
     def layout(root: Path) -> list[str]:

@@ -29,7 +29,7 @@ def test_eval_is_mc_suite_with_lm_eval_output(tmp_path: Path, tokenizer_dir: Pat
     command = [sys.executable, "-m", "tango_fairscale", "eval", *lm_eval_form, *settings]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
-        command + ["-w", str(workspace), "--output_path", str(out)],
+        command + ["-w", str(workspace), "--output_path", str(out), "--log_samples"],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -54,6 +54,17 @@ def test_eval_is_mc_suite_with_lm_eval_output(tmp_path: Path, tokenizer_dir: Pat
     assert results["config"]["model_args"] == {"pretrained": str(model)}  # as lm-eval types it
     assert results["config"]["limit"] == 4.0 and "groups" not in results
     assert results["model_name"] == str(model) and results["n-samples"]["copa"]["effective"] == 4
+    # --log_samples: lm-eval's samples files beside the results, one line a document
+    date = written.stem.removeprefix("results_")
+    for task in ("copa", "arc_easy"):
+        lines = (written.parent / f"samples_{task}_{date}.jsonl").read_text().splitlines()
+        samples = [json.loads(line) for line in lines]
+        assert [sample["doc_id"] for sample in samples] == [0, 1, 2, 3]
+        assert set(samples[0]) >= {"arguments", "resps", "filtered_resps", "target", "acc"}
+        choices = range(len(samples[0]["resps"]))  # arguments keyed as lm-eval keys them
+        assert set(samples[0]["arguments"]) == {f"gen_args_{i}" for i in choices}
+        accuracy = sum(sample["acc"] for sample in samples) / len(samples)
+        assert accuracy == results["results"][task]["acc,none"]
 
     defines = {"model": model, "tasks": "copa,arc_easy", "limit": 4, "task_data_dir": FIXTURES}
     defines["precision"] = "32-true"  # dtype=float32
