@@ -13,6 +13,7 @@
 //                  reads them (a `piqa` step) instead of task_data_dir/piqa
 //   num_fewshot    few-shot examples per context; empty = each task's own   0
 //                  (lm_eval's default: tango-fairscale eval's without --num_fewshot)
+//   fewshot_seed   seeds the choice of few-shot examples (lm_eval's --seed)   1234
 //   train_steps    optimizer steps of fine-tuning first; 0 = evaluate only      0
 //   model, engine, precision, device_count, batch_size, lr, seed, validate_every,
 //   warmup_steps, lr_decay, log_every, limit (documents per task; 0 = all)  as gpt2_piqa.jsonnet
@@ -35,6 +36,7 @@ local variables = import 'lib/variables.libsonnet';
 local train_steps = variables.intOr('train_steps', 0);  // tango.yml: '' = evaluate only
 local limit = variables.int('limit');
 local num_fewshot = variables.intOr('num_fewshot', null);  // null: each task's own
+local fewshot_seed = variables.int('fewshot_seed');
 local chat = variables.bool('apply_chat_template');
 local multiturn = variables.boolOr('fewshot_as_multiturn', null);  // null: TaskSpec's (true)
 local system_instruction = std.extVar('system_instruction');
@@ -67,6 +69,7 @@ local official_piqa(name) = name == 'piqa' && piqa_dir != '';
 local task(name) = {
   name: name,
   num_fewshot: num_fewshot,
+  [if fewshot_seed != 1234 then 'fewshot_seed']: fewshot_seed,  // else TaskSpec's, lm-eval's
   [if chat then 'apply_chat_template']: true,
   [if chat && multiturn != null then 'fewshot_as_multiturn']: multiturn,
   [if system_instruction != '' then 'system_instruction']: system_instruction,

@@ -128,6 +128,14 @@ def _add_settings(parser: argparse.ArgumentParser) -> None:
         help="few-shot examples per context (default: each task's own, as lm_eval)",
     )
     parser.add_argument(
+        "--seed",
+        type=_fewshot_seed,
+        metavar="S|R,N,T[,F]",
+        help="lm_eval's seeds (python, numpy, torch, few-shot; one value for all four): the "
+        "few-shot one picks the few-shot examples (default 1234); nothing scored draws on the "
+        "others",
+    )
+    parser.add_argument(
         "--limit",
         type=_document_count,
         default=0,
@@ -205,6 +213,25 @@ def _document_count(text: str) -> int:
             f"a number of documents, not a fraction of each task as in lm_eval; got {text!r}"
         )
     return _whole_number(text)
+
+
+def _fewshot_seed(text: str) -> int:
+    """The few-shot seed of lm_eval's ``--seed`` (``S``, or ``R,N,T[,F]``: its fourth value,
+    1234 when three are given)."""
+    values = [value.strip() for value in text.split(",")]
+    if len(values) not in (1, 3, 4):
+        raise argparse.ArgumentTypeError(
+            f"one integer or a comma-separated list of 3 or 4, as lm_eval takes, got {text!r}"
+        )
+    chosen = values[0] if len(values) == 1 else values[3] if len(values) == 4 else "1234"
+    if chosen == "None":
+        raise argparse.ArgumentTypeError(
+            "the few-shot seed cannot be None here (the choice of examples is cached): give an "
+            f"integer, got {text!r}"
+        )
+    if not all(value == "None" or value.lstrip("-").isdigit() for value in values):
+        raise argparse.ArgumentTypeError(f"integers or None, as lm_eval takes, got {text!r}")
+    return int(chosen)
 
 
 def _positive(text: str) -> int:

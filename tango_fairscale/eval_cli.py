@@ -3,11 +3,13 @@
 ::
 
     tango-fairscale eval --model PATH_OR_ID --tasks piqa,arc_easy [--num_fewshot K] [--limit N]
+        [--seed S]
         [--precision P] [--batch_size B] [--device DEVICE] [--device_count N] [--engine E]
         [--task_data_dir DIR] [-w WORKSPACE] [--output_path PATH [--log_samples]]
 
 is ``tango run configs/mc_suite.jsonnet -D model=... -D tasks=... -D num_fewshot=K -D limit=N
 -D train_steps=0`` (``-D num_fewshot=`` without ``--num_fewshot``: each task's own, as lm_eval;
+``--seed``'s few-shot seed as ``-D fewshot_seed``;
 tango.yml's defaults for the rest), run in this process as ``tango run``
 runs it: the same steps with the same cache keys, so a rerun, or a ``tango run`` of the same
 settings in the same workspace, starts no step. ``--batch_size`` is the scoring steps' batch size
@@ -232,6 +234,8 @@ def tango_arguments(args: argparse.Namespace, workspace: str, name: str) -> list
         "limit": str(args.limit),
         "train_steps": "0",
     }
+    if args.seed is not None:
+        defines["fewshot_seed"] = str(args.seed)
     for field in ("precision", "device_count", "engine", "task_data_dir", "system_instruction"):
         value = getattr(args, field)
         if value is not None:

@@ -89,7 +89,16 @@ def test_log_samples_without_an_output_path_is_refused_before_any_work(
 
 def test_the_tango_command_line_is_mc_suite_with_its_variables() -> None:
     args = eval_args(
-        "--model", "/m", "--tasks", "copa, arc_easy", "--limit", "4", "--batch_size", "64"
+        "--model",
+        "/m",
+        "--tasks",
+        "copa, arc_easy",
+        "--limit",
+        "4",
+        "--batch_size",
+        "64",
+        "--seed",
+        "0,1234,1234,5",
     )
     argv = tango_arguments(args, "/ws", "eval-x")
     config = str(REPO_ROOT / "configs" / "mc_suite.jsonnet")
@@ -102,6 +111,7 @@ def test_the_tango_command_line_is_mc_suite_with_its_variables() -> None:
         "num_fewshot=",  # each task's own, as lm_eval's default
         "limit=4",
         "train_steps=0",
+        "fewshot_seed=5",  # lm_eval's fourth seed
     ]
     overrides = json.loads(argv[argv.index("-o") + 1])  # the scoring batch size: not in the key
     assert overrides == {"steps.scores_copa.batch_size": 64, "steps.scores_arc_easy.batch_size": 64}

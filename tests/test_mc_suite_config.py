@@ -139,3 +139,20 @@ def test_lm_evals_chat_formatting_reaches_every_task() -> None:
     with pytest.raises(RuntimeError) as refused:
         evaluate(MC_SUITE, apply_chat_template="yes")
     assert_one_line(str(refused.value), '-D apply_chat_template must be true or false, got "yes"')
+
+
+def test_the_fewshot_seed_picks_the_examples_as_lm_evals_seed_does() -> None:
+    """``-D fewshot_seed`` (``tango-fairscale eval --seed``) reaches every task spec, and lm-eval
+    draws other few-shot examples with it; the default, lm-eval's 1234, is no key of its own."""
+    from tango_fairscale.tasks.lm_eval import TaskSpec, load_tasks
+
+    variables = {"tasks": "copa", "num_fewshot": "2", "task_data_dir": str(FIXTURES)}
+    contexts = {}
+    for seed in ("1234", "7"):
+        spec = evaluate(MC_SUITE, fewshot_seed=seed, **variables)["steps"]["scores_copa"]["task"]
+        assert spec.get("fewshot_seed", 1234) == int(seed)
+        task = load_tasks(TaskSpec(**spec))["tasks"]["copa"]
+        task.build_all_requests(limit=2, rank=0, world_size=1)
+        contexts[seed] = [instance.arguments[0] for instance in task.instances]
+    assert "fewshot_seed" not in evaluate(MC_SUITE, **variables)["steps"]["scores_copa"]["task"]
+    assert contexts["1234"] != contexts["7"]
