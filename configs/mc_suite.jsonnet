@@ -9,6 +9,8 @@
 //   tasks          comma-separated lm-eval task, group or tag names        piqa,arc_easy,...,copa
 //   task_data_dir  local data: <dir>/<task>/<split>.jsonl in each task's    "" (the hub)
 //                  own schema; empty = the tasks' hub datasets
+//   include_path   a folder of task YAMLs of your own: a name in tasks is   ""
+//                  looked up there first (lm_eval's --include_path)
 //   data_dir       the official PIQA files (as gpt2_piqa.jsonnet): task piqa   ""
 //                  reads them (a `piqa` step) instead of task_data_dir/piqa
 //   num_fewshot    few-shot examples per context; empty = each task's own   0
@@ -46,6 +48,7 @@ local schedule = {
   decay: std.extVar('lr_decay'),
 };
 local data_dir = std.extVar('task_data_dir');
+local include_path = std.extVar('include_path');
 local piqa_dir = std.extVar('data_dir');
 local names = [std.stripChars(name, ' ') for name in std.split(std.extVar('tasks'), ',')
                if std.stripChars(name, ' ') != ''];
@@ -73,6 +76,7 @@ local task(name) = {
   [if chat then 'apply_chat_template']: true,
   [if chat && multiturn != null then 'fewshot_as_multiturn']: multiturn,
   [if system_instruction != '' then 'system_instruction']: system_instruction,
+  [if include_path != '' then 'include_path']: include_path,
   [if limit > 0 then 'limit']: limit,
   [if official_piqa(name) then 'dataset']: ref('piqa'),
   [if data_dir != '' && !official_piqa(name) then 'data_dir']: data_dir + '/' + name,

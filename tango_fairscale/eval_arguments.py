@@ -1,6 +1,6 @@
 """``tango-fairscale eval``'s arguments: its parser, with the forms of ``lm_eval``'s command line
-it takes (``--model hf --model_args``, ``--batch_size auto``, ``--device``), each checked as it is
-parsed; :mod:`tango_fairscale.eval_cli` runs the command."""
+it takes (``--model hf --model_args``, ``--batch_size auto``, ``--device``, ``--seed``), each
+checked as it is parsed; :mod:`tango_fairscale.eval_cli` runs the command."""
 
 from __future__ import annotations
 
@@ -112,6 +112,38 @@ def _add_settings(parser: argparse.ArgumentParser) -> None:
     """The options that become the config's variables (and ``--batch_size``'s override)."""
     _add_model(parser)
     _add_chat(parser)
+    _add_tasks(parser)
+    parser.add_argument(
+        "--precision", choices=PRECISIONS, help="scoring precision (default: tango.yml's, auto)"
+    )
+    parser.add_argument(
+        "--batch_size",
+        type=_batch_size,
+        metavar="B",
+        help=f"queries per scoring batch (default {DEFAULT_BATCH_SIZE}, also for lm_eval's auto "
+        "and auto:N; speed only: not cached)",
+    )
+    parser.add_argument(
+        "--device",
+        type=_device,
+        metavar="DEVICE",
+        help="cuda, cuda:N or cpu: where scoring runs (default: the first GPU when there is one)",
+    )
+    parser.add_argument(
+        "--device_count",
+        type=_positive,
+        metavar="N",
+        help="the config's device_count: devices for training; evaluation scores on one device "
+        "(the GPU when there is one)",
+    )
+    parser.add_argument(
+        "--engine", choices=ENGINES, help="the config's engine (used when it trains)"
+    )
+
+
+def _add_tasks(parser: argparse.ArgumentParser) -> None:
+    """The tasks and what they read: ``--tasks``, ``--num_fewshot``, ``--seed``, ``--limit``,
+    ``--include_path``, ``--task_data_dir``."""
     parser.add_argument(
         "--tasks",
         "-t",
@@ -143,30 +175,10 @@ def _add_settings(parser: argparse.ArgumentParser) -> None:
         help="at most N documents per task (default 0: all)",
     )
     parser.add_argument(
-        "--precision", choices=PRECISIONS, help="scoring precision (default: tango.yml's, auto)"
-    )
-    parser.add_argument(
-        "--batch_size",
-        type=_batch_size,
-        metavar="B",
-        help=f"queries per scoring batch (default {DEFAULT_BATCH_SIZE}, also for lm_eval's auto "
-        "and auto:N; speed only: not cached)",
-    )
-    parser.add_argument(
-        "--device",
-        type=_device,
-        metavar="DEVICE",
-        help="cuda, cuda:N or cpu: where scoring runs (default: the first GPU when there is one)",
-    )
-    parser.add_argument(
-        "--device_count",
-        type=_positive,
-        metavar="N",
-        help="the config's device_count: devices for training; evaluation scores on one device "
-        "(the GPU when there is one)",
-    )
-    parser.add_argument(
-        "--engine", choices=ENGINES, help="the config's engine (used when it trains)"
+        "--include_path",
+        metavar="DIR",
+        help="a folder of task YAMLs of your own: --tasks names are looked up there first, as "
+        "lm_eval does (its tasks; not its groups or tags)",
     )
     parser.add_argument(
         "--task_data_dir",

@@ -3,7 +3,7 @@
 ::
 
     tango-fairscale eval --model PATH_OR_ID --tasks piqa,arc_easy [--num_fewshot K] [--limit N]
-        [--seed S]
+        [--seed S] [--include_path DIR]
         [--precision P] [--batch_size B] [--device DEVICE] [--device_count N] [--engine E]
         [--task_data_dir DIR] [-w WORKSPACE] [--output_path PATH [--log_samples]]
 
@@ -87,7 +87,7 @@ def run(args: argparse.Namespace, prog: str) -> int:
     check_chat(args)
     if args.device is not None:
         use_device(args.device)
-    for value in (args.model, args.task_data_dir, args.system_instruction):
+    for value in (args.model, args.task_data_dir, args.include_path, args.system_instruction):
         if value is not None and "=" in value:
             raise EvalError(f"'=' in {value!r}: Tango's -D values cannot hold one")
     if args.log_samples and not args.output_path:
@@ -236,7 +236,8 @@ def tango_arguments(args: argparse.Namespace, workspace: str, name: str) -> list
     }
     if args.seed is not None:
         defines["fewshot_seed"] = str(args.seed)
-    for field in ("precision", "device_count", "engine", "task_data_dir", "system_instruction"):
+    fields = ("precision", "device_count", "engine", "task_data_dir", "include_path")
+    for field in (*fields, "system_instruction"):
         value = getattr(args, field)
         if value is not None:
             defines[field] = str(value)

@@ -48,7 +48,7 @@ def check_inputs(steps: dict[str, Any], selected: list[str] | None = None) -> No
             elif node.get("type") == _PIQA:
                 problems[_PIQA] = _piqa_problem(node.get("data_dir")) or ""
             for spec in _task_specs(node):
-                unknown = _name_problem(spec.get("name"))
+                unknown = _name_problem(spec.get("name"), spec.get("include_path"))
                 if unknown:  # a typo: not a data directory to fill
                     problems[str(spec.get("name"))] = unknown
                 elif not _holds_documents(spec["data_dir"]):
@@ -131,14 +131,16 @@ def _piqa_problem(data_dir: Any) -> str | None:
         )
 
 
-def _name_problem(name: Any) -> str | None:
-    """Why lm-eval has no task ``name`` to read local data with (the closest names), if so."""
-    from .tasks.builtin import builtin
+def _name_problem(name: Any, include_path: Any) -> str | None:
+    """Why neither ``include_path`` nor lm-eval has a task ``name`` to read local data with (the
+    closest names), if so."""
+    from .tasks.builtin import builtin, included
 
     if not isinstance(name, str):
         return None
     try:
-        builtin(name, local=True)
+        if not (isinstance(include_path, str) and included(include_path, name)):
+            builtin(name, local=True)
     except ConfigurationError as error:
         return str(error)
     return None

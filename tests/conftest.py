@@ -281,7 +281,8 @@ def train_in(
     from tango.common import Lazy, Params
     from tango.integrations.torch import Model, TrainConfig, TrainingEngine
 
-    from tango_fairscale.tasks.lm_eval import TaskSpec, load_tasks, training_pairs
+    from tango_fairscale.tasks.lm_eval import TaskSpec, load_tasks
+    from tango_fairscale.tasks.training_pairs import training_pairs
     from tango_fairscale.train.launch import run_training
     from tango_fairscale.train.loop import TrainPlan, TrainRuntime
 
@@ -468,7 +469,7 @@ def choice_queries(examples, tokenizer, max_length: int):
 def training_queries(examples, tokenizer, max_length: int):
     """The correct choice of every labelled PIQA example, as the training step encodes them."""
     from tango_fairscale.data.queries import encode_pairs
-    from tango_fairscale.tasks.lm_eval import training_pairs
+    from tango_fairscale.tasks.training_pairs import training_pairs
 
     pairs = training_pairs(piqa_task(examples, split="train"), "piqa")
     return encode_pairs(tokenizer, pairs, max_length)

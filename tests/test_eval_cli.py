@@ -99,6 +99,8 @@ def test_the_tango_command_line_is_mc_suite_with_its_variables() -> None:
         "64",
         "--seed",
         "0,1234,1234,5",
+        "--include_path",
+        "/my/tasks",
     )
     argv = tango_arguments(args, "/ws", "eval-x")
     config = str(REPO_ROOT / "configs" / "mc_suite.jsonnet")
@@ -112,6 +114,7 @@ def test_the_tango_command_line_is_mc_suite_with_its_variables() -> None:
         "limit=4",
         "train_steps=0",
         "fewshot_seed=5",  # lm_eval's fourth seed
+        "include_path=/my/tasks",
     ]
     overrides = json.loads(argv[argv.index("-o") + 1])  # the scoring batch size: not in the key
     assert overrides == {"steps.scores_copa.batch_size": 64, "steps.scores_arc_easy.batch_size": 64}

@@ -156,3 +156,34 @@ def test_the_fewshot_seed_picks_the_examples_as_lm_evals_seed_does() -> None:
         contexts[seed] = [instance.arguments[0] for instance in task.instances]
     assert "fewshot_seed" not in evaluate(MC_SUITE, **variables)["steps"]["scores_copa"]["task"]
     assert contexts["1234"] != contexts["7"]
+
+
+def test_an_include_path_reaches_every_task_and_its_tasks_are_found_there(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """``-D include_path`` (``tango-fairscale eval --include_path``): every task spec takes it,
+    and ``tango run`` builds a step graph whose task comes from the folder's YAML, beside lm-eval's
+    own; with a task data folder, a name found there is no "unknown task" of the input check."""
+    import sys
+
+    from tango_fairscale.inputs import check_inputs
+
+    sys.path.insert(0, str(FIXTURES))
+    from lm_eval_fixtures import write_task_yaml
+
+    folder = tmp_path / "custom"
+    write_task_yaml("copa", folder, name="my_copa")
+    config = {"model": str(tiny_model_dir), "tasks": "my_copa,arc_easy"}
+    steps = evaluate(MC_SUITE, include_path=str(folder), **config)["steps"]
+    assert {steps[f"scores_{t}"]["task"]["include_path"] for t in ("my_copa", "arc_easy")} == {
+        str(folder)
+    }
+    with_data = {**config, "tasks": "my_copa", "task_data_dir": str(tmp_path / "data")}
+    with pytest.raises(ConfigurationError, match="^no task data: .* for my_copa"):
+        check_inputs(evaluate(MC_SUITE, include_path=str(folder), **with_data)["steps"])
+    ext_vars = {**DEFAULTS, **config, "include_path": str(folder)}
+    graph = StepGraph.from_params(Params.from_file(MC_SUITE, ext_vars=ext_vars).pop("steps"))
+    found = graph["scores_my_copa"].kwargs["task"].yaml_file
+    assert found == str(folder.resolve() / "my_copa.yaml")
+    assert graph["scores_arc_easy"].kwargs["task"].yaml_file is None
+    assert "include_path" not in evaluate(MC_SUITE, **config)["steps"]["scores_arc_easy"]["task"]

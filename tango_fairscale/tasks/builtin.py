@@ -30,6 +30,49 @@ def builtin(name: str, local: bool) -> tuple[str, str | None]:
     return kind, yaml_path
 
 
+def included(include_path: str, name: str) -> str | None:
+    """The task YAML that ``name`` names in folder ``include_path`` (lm-eval's index of that
+    folder alone: it comes before lm-eval's own tasks, as ``lm_eval --include_path`` takes it);
+    ``None`` where it has no such name and lm-eval does. A name found in neither is refused with
+    the closest of both, and a group, tag or Python task there (only task YAMLs are taken)."""
+    folder = Path(include_path).expanduser()
+    if not folder.is_dir():
+        raise ConfigurationError(f"include_path {include_path!r} is not a directory")
+    index = _folder_index(str(folder.resolve()))
+    kind, yaml_path = index.get(name, (None, None))
+    if kind is None:
+        if name in builtin_index():
+            return None
+        names = [*index, *builtin_index()]
+        raise ConfigurationError(
+            f"unknown lm-eval task {name!r}, in include_path {include_path} or lm-eval's own"
+            f"{did_you_mean(name, names, n=3)}"
+        )
+    if kind != "TASK" or yaml_path is None:
+        raise ConfigurationError(
+            f"{name!r} is a {kind.lower().replace('_', ' ')} in include_path {include_path}: "
+            "only its task YAMLs are taken; name its tasks"
+        )
+    return yaml_path
+
+
+@functools.cache
+def _folder_index(folder: str) -> dict[str, tuple[str, str | None]]:
+    return _index_of(Path(folder))
+
+
+def _index_of(folder: Path) -> dict[str, tuple[str, str | None]]:
+    """lm-eval's index of the task YAMLs under ``folder``: ``{name: (kind, YAML path)}`` (parsed,
+    no ``!function`` imported)."""
+    from lm_eval.tasks._index import TaskIndex
+
+    index = TaskIndex().build([folder])
+    return {
+        name: (entry.kind.name, None if entry.yaml_path is None else str(entry.yaml_path))
+        for name, entry in index.items()
+    }
+
+
 @functools.cache
 def full_task_manager() -> Any:
     """lm-eval's ``TaskManager`` over its own tasks (indexing them takes ~7 s: once a process)."""
@@ -67,13 +110,7 @@ def builtin_index() -> dict[str, tuple[str, str | None]]:
         return _read_index(cache, tasks_dir)
     except (OSError, ValueError):
         pass
-    from lm_eval.tasks._index import TaskIndex
-
-    index = TaskIndex().build([tasks_dir])
-    entries = {
-        name: (entry.kind.name, None if entry.yaml_path is None else str(entry.yaml_path))
-        for name, entry in index.items()
-    }
+    entries = _index_of(tasks_dir)
     lines = [f"{INDEX_HEADER}\t{tasks_dir}"] + [
         f"{name}\t{kind}\t{'' if path is None else os.path.relpath(path, tasks_dir)}"
         for name, (kind, path) in entries.items()

@@ -1,5 +1,5 @@
 """lm-evaluation-harness as the task library: task specs (a name, a YAML, a config; local data)
-loaded into lm-eval's own Task objects, checked up front, and their fine-tuning pairs."""
+loaded into lm-eval's own Task objects, checked up front."""
 
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ from .. import compat  # noqa: F401  (Tango fixes)
 from ..checks import boolean, one_line, positive_int, text
 from ..compat.lm_eval import fix_lm_eval
 from ..records.fingerprint import local_fingerprint
-from .answers import BadAnswer, answer_indices, find_problems
-from .builtin import builtin, full_task_manager, lm_eval_version
-from .documents import LocalDocuments, documents_read_once, plain_rows, refusal
+from .answers import find_problems
+from .builtin import builtin, full_task_manager, included, lm_eval_version
+from .documents import LocalDocuments, documents_read_once, refusal
 from .generation import check_generation_task, refuse_code_execution
 from .local_data import data_files, keep_splits, load_local, read_documents, splits_read
 from .local_files import dataset_files, yaml_files
@@ -37,7 +37,13 @@ DEFAULT_FEWSHOT_SEED = 1234
 
 #: TaskSpec fields in its hash only when set: the keys of specs that leave them unset stay as
 #: they were before the fields existed.
-KEYED_WHEN_SET = ("strict", "apply_chat_template", "system_instruction", "fewshot_as_multiturn")
+KEYED_WHEN_SET = (
+    "strict",
+    "apply_chat_template",
+    "system_instruction",
+    "fewshot_as_multiturn",
+    "include_path",
+)
 
 TaskDict = dict[str, Any]  # lm-eval's {"tasks": {name: Task}, "groups": ..., "group_map": ...}
 
@@ -68,6 +74,8 @@ class TaskSpec(FromParams, CustomDetHash):
     :param apply_chat_template: prompts in the tokenizer's chat template (lm-eval's
         ``--apply_chat_template``), few-shot examples as turns unless ``fewshot_as_multiturn``.
     :param system_instruction: a system prompt (lm-eval's ``--system_instruction``).
+    :param include_path: a folder of task YAMLs of your own, where a ``name`` is looked up before
+        lm-eval's tasks (lm-eval's ``--include_path``; its tasks, not its groups or tags).
 
     Example (Jsonnet)::
 
@@ -91,6 +99,7 @@ class TaskSpec(FromParams, CustomDetHash):
     apply_chat_template: bool = False
     system_instruction: str | None = None
     fewshot_as_multiturn: bool = True
+    include_path: str | None = None
 
     def __post_init__(self) -> None:
         given = [field for field in ("name", "yaml", "config") if getattr(self, field) is not None]
@@ -118,6 +127,7 @@ class TaskSpec(FromParams, CustomDetHash):
         boolean("apply_chat_template", self.apply_chat_template)
         boolean("fewshot_as_multiturn", self.fewshot_as_multiturn)
         text("system_instruction", self.system_instruction, optional=True)
+        text("include_path", self.include_path, optional=True)
         if self.config is not None and not isinstance(self.config, dict):
             raise ConfigurationError(f"a task 'config' must be an object, got {self.config!r}")
         self._check_sources()
@@ -126,7 +136,9 @@ class TaskSpec(FromParams, CustomDetHash):
         """Refuse at once — Tango builds every step's spec before it runs any step — a name
         lm-eval does not know, a ``yaml`` or ``data_dir`` that is not there."""
         local = self.data_dir is not None or self.dataset is not None
-        if self.name is not None:
+        if self.name is not None and self.include_path is not None:
+            self._included = included(self.include_path, self.name)
+        if self.name is not None and self.yaml_file is None:
             builtin(self.name, local)
         if self.yaml is not None and not Path(self.yaml).expanduser().is_file():
             raise ConfigurationError(f"task YAML {self.yaml!r} does not exist")
@@ -171,12 +183,18 @@ class TaskSpec(FromParams, CustomDetHash):
         if self.data_dir is not None:
             files += sorted(Path(self.data_dir).expanduser().glob("*.jsonl"))
         config = self.config
-        if self.yaml is not None:
-            definitions, config = yaml_files(Path(self.yaml))
+        if self.yaml_file is not None:
+            definitions, config = yaml_files(Path(self.yaml_file))
             files += definitions
         if self.data_dir is None and self.dataset is None and config is not None:
             files += dataset_files(config)
         return files
+
+    @property
+    def yaml_file(self) -> str | None:
+        """The task YAML the spec loads: its ``yaml``, or the one its ``name`` names in its
+        ``include_path`` (found when the spec is made)."""
+        return getattr(self, "_included", None) or self.yaml
 
     @property
     def label(self) -> str:
@@ -271,14 +289,14 @@ def _source(spec: TaskSpec) -> tuple[Any, Any, LocalDocuments | None]:
     local = spec.data_dir is not None or spec.dataset is not None
     if spec.config is not None:
         config = dict(spec.config)
-    elif spec.yaml is not None:
-        path = Path(spec.yaml).expanduser()
+    elif spec.yaml_file is not None:
+        path = Path(spec.yaml_file).expanduser()
         refuse_code_execution(spec.label, path)
         try:
             config = load_yaml(path.resolve(), resolve_func=True)
         except Exception as error:  # yaml's errors, a missing include, a bad !function
             raise ConfigurationError(
-                f"task YAML {spec.yaml!r} does not parse: {one_line(error, 300)}"
+                f"task YAML {spec.yaml_file!r} does not parse: {one_line(error, 300)}"
             ) from None
     else:
         assert spec.name is not None
@@ -313,36 +331,3 @@ def _unreachable(spec: TaskSpec, error: BaseException) -> str:
         f"{one_line(error, 200)}); offline, give its files as data_dir=<directory of "
         "<split>.jsonl files in the task's schema> (or dataset=<a Tango DatasetDict step>)"
     )
-
-
-# --- fine-tuning -------------------------------------------------------------------------------
-
-
-def training_pairs(task: Any, name: str) -> list[tuple[str, str]]:
-    """(context, continuation) of the correct choice of every training document of a
-    multiple-choice ``task``, formatted as lm-eval formats its requests (its few-shot setting
-    included): the rank-classification fine-tuning objective."""
-    if task.get_config("output_type") != "multiple_choice":
-        raise ConfigurationError(
-            f"training needs a multiple_choice task; {name!r} has output_type "
-            f"{task.get_config('output_type')!r}"
-        )
-    if not task.has_training_docs():
-        raise ConfigurationError(
-            f"task {name!r} has no training split (training_split is not set); train on another "
-            "task or give one with a 'config' or 'yaml' of your own"
-        )
-    num_fewshot = task.get_config("num_fewshot") or 0
-    pairs = []
-    for doc_id, doc in enumerate(plain_rows(task.training_docs())):
-        context = task.fewshot_context(doc, num_fewshot)
-        requests = task.construct_requests(doc=doc, ctx=context, metadata=(name, doc_id, 1))
-        try:
-            gold = answer_indices(task, doc)[0]
-        except BadAnswer as bad:
-            raise ConfigurationError(
-                f"task {name!r}: training document {doc_id} has no correct choice (its answer "
-                f"{bad}); train on a labelled split"
-            ) from None
-        pairs.append(tuple(requests[gold].args[:2]))
-    return pairs

@@ -16,7 +16,8 @@ from ..compat import registered_engine
 from ..data.schedules import BatchSchedule
 from ..evaluation.call import GenerationSettings
 from ..runtime.devices import job_devices
-from ..tasks.lm_eval import TaskSpec, load_tasks, training_pairs
+from ..tasks.lm_eval import TaskSpec, load_tasks
+from ..tasks.training_pairs import training_pairs
 from .launch import component_modules
 from .plan import TrainPlan, TrainRuntime
 

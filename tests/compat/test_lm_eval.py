@@ -14,7 +14,8 @@ import jinja2
 import pytest
 from conftest import REPO_ROOT, lm_eval_as_released
 
-from tango_fairscale.tasks.lm_eval import TaskSpec, load_tasks, training_pairs
+from tango_fairscale.tasks.lm_eval import TaskSpec, load_tasks
+from tango_fairscale.tasks.training_pairs import training_pairs
 
 sys.path.insert(0, str(REPO_ROOT / "tests" / "fixtures" / "tasks"))
 from lm_eval_fixtures import DATA_DIR, FIXTURES, TASKS, task_config  # noqa: E402

@@ -85,7 +85,8 @@ def build_plan(spec: RunSpec, work_dir: Path, model_dir: Path, dataset: Any) -> 
     from tango.common import Lazy, Params
     from tango.integrations.torch import Model, TrainConfig, TrainingEngine
 
-    from tango_fairscale.tasks.lm_eval import TaskSpec, load_tasks, training_pairs
+    from tango_fairscale.tasks.lm_eval import TaskSpec, load_tasks
+    from tango_fairscale.tasks.training_pairs import training_pairs
     from tango_fairscale.train.launch import component_modules
     from tango_fairscale.train.loop import TrainPlan, TrainRuntime
 

@@ -26,7 +26,8 @@ from tango_fairscale.parallel.graphs import (
     static_batch,
     static_loss,
 )
-from tango_fairscale.tasks.lm_eval import TaskSpec, load_tasks, training_pairs
+from tango_fairscale.tasks.lm_eval import TaskSpec, load_tasks
+from tango_fairscale.tasks.training_pairs import training_pairs
 
 GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs run on GPUs")
 

@@ -134,3 +134,70 @@ def test_a_steps_dataset_is_taken_as_it_is(piqa_small: Any) -> None:
     spec = TaskSpec.from_params(Params({"name": "piqa", "dataset": piqa_small, "limit": 3}))
     assert spec.dataset is piqa_small and spec.limit == 3
     assert spec == TaskSpec(name="piqa", dataset=piqa_small, limit=3)
+
+
+def instance_args(task: Any) -> list[tuple]:
+    task.build_all_requests(limit=4, rank=0, world_size=1)
+    return [(i.doc_id, i.idx, i.args) for i in task.instances]
+
+
+def test_a_name_in_an_include_path_loads_as_lm_evals_include_path_loads_it(tmp_path) -> None:
+    """``include_path`` (lm_eval's ``--include_path``): a task of the folder's own YAMLs, found by
+    name before lm-eval's (``copa`` there is that file's), gives the requests lm-eval's
+    ``TaskManager(include_path=...)`` builds; its YAML is in the spec's key."""
+    from lm_eval_fixtures import write_task_yaml
+    from tango.common.det_hash import det_hash
+
+    folder = tmp_path / "custom"
+    for name in ("my_copa", "copa"):
+        write_task_yaml("copa", folder, name=name)
+    for name in ("my_copa", "copa"):
+        spec = TaskSpec(name=name, include_path=str(folder), num_fewshot=0)
+        assert spec.yaml_file == str((folder / f"{name}.yaml").resolve())
+        ours = load_tasks(spec)["tasks"][name]
+        theirs = task_manager_with(folder).load([name])["tasks"][name]
+        theirs.set_config(key="num_fewshot", value=0)
+        assert instance_args(ours) == instance_args(theirs) != []
+    before = det_hash(TaskSpec(name="my_copa", include_path=str(folder)))
+    with open(folder / "my_copa.yaml", "a") as yaml_file:
+        yaml_file.write("metadata: {version: 2.0}\n")
+    assert det_hash(TaskSpec(name="my_copa", include_path=str(folder))) != before
+    (tmp_path / "empty").mkdir()  # lm-eval's copa, but the folder is in the key
+    elsewhere = TaskSpec(name="copa", include_path=str(tmp_path / "empty"))
+    assert elsewhere.yaml_file is None and det_hash(elsewhere) != det_hash(TaskSpec(name="copa"))
+
+
+def task_manager_with(folder: Path) -> Any:
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=str(folder), include_defaults=False)
+
+
+@pytest.mark.parametrize(
+    ("name", "fragment"),
+    [
+        (
+            "my_cpoa",
+            "unknown lm-eval task 'my_cpoa', in include_path {folder} or lm-eval's own; "
+            "did you mean 'my_copa'",
+        ),
+        ("my_group", "'my_group' is a group in include_path {folder}: only its task YAMLs are"),
+        ("arc_easy", None),  # lm-eval's own, where the folder has none of that name
+    ],
+)
+def test_an_include_path_name_is_refused_in_one_line(tmp_path, name, fragment) -> None:
+    from lm_eval_fixtures import write_task_yaml
+    from tango.common.exceptions import ConfigurationError
+
+    folder = tmp_path / "custom"
+    write_task_yaml("copa", folder, name="my_copa")
+    (folder / "group.yaml").write_text("group: my_group\ntask: [my_copa]\n")
+    if fragment is None:
+        assert TaskSpec(name=name, include_path=str(folder)).yaml_file is None
+        return
+    with pytest.raises(ConfigurationError) as error:
+        TaskSpec(name=name, include_path=str(folder))
+    assert fragment.format(folder=folder) in str(error.value)
+    assert "\n" not in str(error.value)
+    with pytest.raises(ConfigurationError, match="include_path '/no/such' is not a directory"):
+        TaskSpec(name="my_copa", include_path="/no/such")

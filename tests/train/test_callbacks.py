@@ -13,7 +13,8 @@ from tango.integrations.torch import Model, StopEarly, TrainCallback, TrainConfi
 
 from tango_fairscale.records.training_log import read_training_log
 from tango_fairscale.runtime.process_group import free_port
-from tango_fairscale.tasks.lm_eval import TaskSpec, load_tasks, training_pairs
+from tango_fairscale.tasks.lm_eval import TaskSpec, load_tasks
+from tango_fairscale.tasks.training_pairs import training_pairs
 from tango_fairscale.train.launch import run_training
 from tango_fairscale.train.loop import TrainPlan, TrainRuntime
 from tango_fairscale.train.lr_schedule import WarmupSchedule

@@ -15,7 +15,8 @@ from tango_fairscale.model.loading import MODEL_CODE
 from tango_fairscale.parallel.fsdp2 import FSDP2_CODE
 from tango_fairscale.records.checkpoints import run_id
 from tango_fairscale.runtime.spawn import WorkerFailed
-from tango_fairscale.tasks.lm_eval import TaskSpec, load_tasks, training_pairs
+from tango_fairscale.tasks.lm_eval import TaskSpec, load_tasks
+from tango_fairscale.tasks.training_pairs import training_pairs
 from tango_fairscale.train.launch import _hint, component_modules, run_training
 from tango_fairscale.train.loop import TrainPlan
 

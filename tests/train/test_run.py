@@ -20,7 +20,8 @@ from tango.integrations.torch import Model, TrainConfig, TrainingEngine
 
 from tango_fairscale.records.run_info import RunInfo
 from tango_fairscale.records.training_log import read_training_log
-from tango_fairscale.tasks.lm_eval import TaskSpec, load_tasks, training_pairs
+from tango_fairscale.tasks.lm_eval import TaskSpec, load_tasks
+from tango_fairscale.tasks.training_pairs import training_pairs
 from tango_fairscale.train.checkpoints import TrainingStopped
 from tango_fairscale.train.loop import TrainPlan, build_engine
 from tango_fairscale.train.run import (

@@ -70,7 +70,7 @@ def family_dirs(tmp_path_factory, tokenizer_dir) -> dict[str, Path]:
 def family_pairs(piqa_small):
     from conftest import piqa_task
 
-    from tango_fairscale.tasks.lm_eval import training_pairs
+    from tango_fairscale.tasks.training_pairs import training_pairs
 
     return training_pairs(piqa_task(list(piqa_small["train"])[:32], split="train"), "piqa")
 
