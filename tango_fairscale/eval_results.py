@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from datetime import datetime
 from pathlib import Path
@@ -55,7 +56,23 @@ def lm_eval_results(
     tracker.total_evaluation_time_seconds = str(time.time() - started)
     results["task_hashes"] = {}
     results.update(asdict(tracker))
+    results.update(environment())
     return results
+
+
+def environment() -> dict[str, Any]:
+    """lm-eval's environment fields but ``pretty_env_info`` (``torch.utils.collect_env``: seconds
+    of subprocesses): the lm-eval and transformers versions (from their metadata, nothing
+    imported) and the git commit of the working directory's parent, as ``lm_eval`` finds it."""
+    from importlib.metadata import version
+
+    from lm_eval.loggers.utils import get_commit_from_path
+
+    return {
+        "transformers_version": version("transformers"),
+        "lm_eval_version": version("lm_eval"),
+        "upper_git_hash": get_commit_from_path(Path(os.getcwd(), "..")),
+    }
 
 
 def chat_template(model: str) -> str | None:

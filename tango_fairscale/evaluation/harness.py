@@ -23,6 +23,7 @@ RESULT_KEYS = (
     "n-samples",
     "versions",
     "higher_is_better",
+    "configs",
 )
 
 #: Per-document fields kept from lm-eval's logged samples (the document itself is left out).
@@ -76,6 +77,9 @@ def evaluate_task(
         for recorder in recorders.values():
             recorder.remove()
     scores = {key: json_safe(output[key]) for key in RESULT_KEYS if key in output}
+    for config in scores.get("configs", {}).values():  # a task's own documents: their files
+        if isinstance(config.get("custom_dataset"), dict):
+            config["custom_dataset"] = {"files": config["custom_dataset"].get("files", {})}
     if loaded.get("skipped_documents"):  # strict: false left them out
         scores["skipped_documents"] = dict(loaded["skipped_documents"])
     if samples and lm_eval_logs:
@@ -241,11 +245,14 @@ def _metric_values(sample: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def merge(scores: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Several :func:`evaluate_task` results as one lm-eval results JSON (per task and group)."""
+    """Several :func:`evaluate_task` results as one lm-eval results JSON (per task and group).
+    A task's ``configs`` are its first (lm-eval writes its functions' addresses into them)."""
     merged: dict[str, Any] = {key: {} for key in RESULT_KEYS}
     for score in scores:
         for key in RESULT_KEYS:
             for name, value in score.get(key, {}).items():
+                if name in merged[key] and key == "configs":
+                    continue
                 if name in merged[key] and merged[key][name] != value:
                     raise ConfigurationError(
                         f"task {name!r} is scored twice, with other results; list it once"

@@ -95,7 +95,7 @@ class TaskScoresStep(Step[dict]):
                    task: {name: "arc_easy", num_fewshot: 2}}
     """
 
-    VERSION = "002"  # 002: log-likelihoods summed in float64
+    VERSION = "003"  # 002: log-likelihoods summed in float64; 003: lm-eval's task configs
     DETERMINISTIC = True
     CACHEABLE = True
     FORMAT = JsonDataFormat()

@@ -4,6 +4,7 @@ equal those lm-eval itself builds on the same files."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 from conftest import REPO_ROOT
 from lm_eval.api.model import LM
 
-from tango_fairscale.evaluation.harness import evaluate_task
+from tango_fairscale.evaluation.harness import evaluate_task, json_safe
 from tango_fairscale.tasks.lm_eval import TaskSpec, load_tasks
 
 sys.path.insert(0, str(REPO_ROOT / "tests" / "fixtures" / "tasks"))
@@ -117,6 +118,8 @@ def test_requests_from_the_scored_split_alone_equal_lm_evals(
 ) -> None:
     expected = lm_eval_on_the_same_files(task_name, num_fewshot=2)
     data_dir = only_the_scored_split(task_name, tmp_path)
+    split = scored_split(task_name)
+    data_file = data_dir / f"{split}.jsonl"
     spec = TaskSpec(name=task_name, data_dir=str(data_dir), num_fewshot=2)
     got = evaluate_task(LengthLM(), spec, bootstrap_iters=0)
     want = {s["doc_id"]: [list(a) for a in s["arguments"]] for s in expected["samples"][task_name]}
@@ -124,6 +127,17 @@ def test_requests_from_the_scored_split_alone_equal_lm_evals(
     assert have == want and len(have) >= 24
     metrics = {k: v for k, v in expected["results"][task_name].items() if "," in k}
     assert {k: got["results"][task_name][k] for k in metrics} == metrics
+    assert shown(got["configs"][task_name]) == shown(json_safe(expected["configs"][task_name]))
+    assert got["configs"][task_name]["custom_dataset"] == {"files": {split: str(data_file)}}
+
+
+def shown(config: dict) -> dict:
+    """A task config as a results file shows it, but where the data is read from and the
+    addresses of its functions."""
+    import re
+
+    kept = {k: v for k, v in config.items() if "dataset" not in k and "split" not in k}
+    return json.loads(re.sub(r" at 0x[0-9a-f]+", "", json.dumps(kept)))
 
 
 def test_a_steps_dataset_is_taken_as_it_is(piqa_small: Any) -> None:

@@ -53,6 +53,8 @@ def test_eval_is_mc_suite_with_lm_eval_output(tmp_path: Path, tokenizer_dir: Pat
     results = json.loads(written.read_text())
     assert results["config"]["model_args"] == {"pretrained": str(model)}  # as lm-eval types it
     assert results["config"]["limit"] == 4.0 and "groups" not in results
+    assert results["configs"]["copa"]["task"] == "copa"  # lm-eval's task configs
+    assert results["lm_eval_version"] == "0.4.13" and results["transformers_version"] >= "5"
     assert results["model_name"] == str(model) and results["n-samples"]["copa"]["effective"] == 4
     # --log_samples: lm-eval's samples files beside the results, one line a document
     date = written.stem.removeprefix("results_")
@@ -74,5 +76,5 @@ def test_eval_is_mc_suite_with_lm_eval_output(tmp_path: Path, tokenizer_dir: Pat
     rerun = run_command(tango, REPO_ROOT)
     assert "Starting step" not in rerun and "Loading weights" not in rerun  # all from the cache
     metrics = Workspace.from_url(str(workspace)).step_result_for_run("plain", "metrics")
-    for key in ("results", "n-samples", "n-shot", "versions", "higher_is_better"):
+    for key in ("results", "n-samples", "n-shot", "versions", "higher_is_better", "configs"):
         assert metrics["lm_eval"][key] == results[key]
