@@ -333,10 +333,13 @@ def test_the_command_imports_torch_only_when_exporting() -> None:
         "assert 'torch' not in sys.modules, 'imported torch'\n"
         "try:\n    cli.main(['export', '--help'])\nexcept SystemExit:\n    pass\n"
         "assert 'torch' not in sys.modules, 'export --help imported torch'\n"
+        "assert cli.main(['export', 'no-such-checkpoint', 'out']) == 2\n"
+        "assert 'torch' not in sys.modules, 'a refusal imported torch'\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "CHECKPOINT_DIR OUT_DIR" in result.stdout
+    assert "no-such-checkpoint is not a directory" in result.stderr  # in a tenth of a second
 
 
 # --- by run name, and a step's result folder (the workspace of test_results.build_workspace) -----
