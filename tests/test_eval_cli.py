@@ -290,11 +290,3 @@ def test_the_results_file_is_where_lm_eval_writes_it(tmp_path: Path, output: str
     assert layout(tmp_path / "ours") == layout(tmp_path / "lm_eval") != []
     theirs = json.loads(next((tmp_path / "lm_eval").rglob("*.json")).read_text())
     assert set(theirs) <= set(json.loads(ours.read_text()))
-
-
-def run_command(command: list[str], cwd: Path) -> str:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output[-4000:]
-    return output

@@ -5,14 +5,13 @@ as lm_eval's command line for its Hugging Face backend. Its arguments and result
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from test_eval_cli import FIXTURES, REPO_ROOT, run_command
+from helpers.commands import run_command
+from test_eval_cli import FIXTURES
 
 
 @pytest.mark.slow  # two commands, ~10 s each
@@ -27,15 +26,7 @@ def test_eval_is_mc_suite_with_lm_eval_output(tmp_path: Path, tokenizer_dir: Pat
     lm_eval_form = ["--model", "hf", "--model_args", f"pretrained={model},dtype=float32"]
     lm_eval_form += ["--batch_size", "auto", "--device", "cpu"]
     command = [sys.executable, "-m", "tango_fairscale", "eval", *lm_eval_form, *settings]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        command + ["-w", str(workspace), "--output_path", str(out), "--log_samples"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    done = run_command(command + ["-w", str(workspace), "--output_path", str(out), "-s"])
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]
     # stdout holds lm_eval's header and table alone (Tango's log goes to stderr, as lm_eval's)
@@ -73,8 +64,10 @@ def test_eval_is_mc_suite_with_lm_eval_output(tmp_path: Path, tokenizer_dir: Pat
     defines["num_fewshot"] = ""  # no --num_fewshot: each task's own, as lm_eval
     tango = [sys.executable, "-m", "tango", "run", "configs/mc_suite.jsonnet", "-w", str(workspace)]
     tango += ["-n", "plain"] + [f"-D{name}={value}" for name, value in defines.items()]
-    rerun = run_command(tango, REPO_ROOT)
-    assert "Starting step" not in rerun and "Loading weights" not in rerun  # all from the cache
+    rerun = run_command(tango)
+    assert rerun.returncode == 0, rerun.stderr[-4000:]
+    assert "Starting step" not in rerun.stderr + rerun.stdout  # all from the cache
+    assert "Loading weights" not in rerun.stderr + rerun.stdout
     metrics = Workspace.from_url(str(workspace)).step_result_for_run("plain", "metrics")
     for key in ("results", "n-samples", "n-shot", "versions", "higher_is_better", "configs"):
         assert metrics["lm_eval"][key] == results[key]
