@@ -16,6 +16,8 @@
 //   num_fewshot    few-shot examples per context; empty = each task's own   0
 //                  (lm_eval's default: tango-fairscale eval's without --num_fewshot)
 //   fewshot_seed   seeds the choice of few-shot examples (lm_eval's --seed)   1234
+//   gen_kwargs     a JSON object laid over each generate_until task's       ""
+//                  generation_kwargs (lm_eval's --gen_kwargs): '{"max_gen_toks": 64}'
 //   train_steps    optimizer steps of fine-tuning first; 0 = evaluate only      0
 //   model, engine, precision, device_count, batch_size, lr, seed, validate_every,
 //   warmup_steps, lr_decay, log_every, limit (documents per task; 0 = all)  as gpt2_piqa.jsonnet
@@ -39,6 +41,7 @@ local train_steps = variables.intOr('train_steps', 0);  // tango.yml: '' = evalu
 local limit = variables.int('limit');
 local num_fewshot = variables.intOr('num_fewshot', null);  // null: each task's own
 local fewshot_seed = variables.int('fewshot_seed');
+local gen_kwargs = std.extVar('gen_kwargs');
 local chat = variables.bool('apply_chat_template');
 local multiturn = variables.boolOr('fewshot_as_multiturn', null);  // null: TaskSpec's (true)
 local system_instruction = std.extVar('system_instruction');
@@ -77,6 +80,7 @@ local task(name) = {
   [if chat && multiturn != null then 'fewshot_as_multiturn']: multiturn,
   [if system_instruction != '' then 'system_instruction']: system_instruction,
   [if include_path != '' then 'include_path']: include_path,
+  [if gen_kwargs != '' then 'gen_kwargs']: std.parseJson(gen_kwargs),
   [if limit > 0 then 'limit']: limit,
   [if official_piqa(name) then 'dataset']: ref('piqa'),
   [if data_dir != '' && !official_piqa(name) then 'data_dir']: data_dir + '/' + name,

@@ -143,7 +143,7 @@ def _add_settings(parser: argparse.ArgumentParser) -> None:
 
 def _add_tasks(parser: argparse.ArgumentParser) -> None:
     """The tasks and what they read: ``--tasks``, ``--num_fewshot``, ``--seed``, ``--limit``,
-    ``--include_path``, ``--task_data_dir``."""
+    ``--gen_kwargs``, ``--include_path``, ``--task_data_dir``."""
     parser.add_argument(
         "--tasks",
         "-t",
@@ -173,6 +173,13 @@ def _add_tasks(parser: argparse.ArgumentParser) -> None:
         default=0,
         metavar="N",
         help="at most N documents per task (default 0: all)",
+    )
+    parser.add_argument(
+        "--gen_kwargs",
+        nargs="+",
+        metavar="KEY=VALUE",
+        help="generation settings laid over each generate_until task's own, as lm_eval takes "
+        "them ('max_gen_toks=64,until=[\"\\n\"]', or a JSON object)",
     )
     parser.add_argument(
         "--include_path",

@@ -3,7 +3,7 @@
 ::
 
     tango-fairscale eval --model PATH_OR_ID --tasks piqa,arc_easy [--num_fewshot K] [--limit N]
-        [--seed S] [--include_path DIR]
+        [--seed S] [--include_path DIR] [--gen_kwargs KEY=VALUE...]
         [--precision P] [--batch_size B] [--device DEVICE] [--device_count N] [--engine E]
         [--task_data_dir DIR] [-w WORKSPACE] [--output_path PATH [--log_samples]]
 
@@ -48,6 +48,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from .checks import one_line
 from .eval_arguments import (
     DTYPE_PRECISIONS,
     LM_EVAL_HF_MODELS,
@@ -84,10 +85,18 @@ def run(args: argparse.Namespace, prog: str) -> int:
             "the package from its source tree (pip install -e .)"
         )
     take_model_args(args)
+    take_gen_kwargs(args)
     check_chat(args)
     if args.device is not None:
         use_device(args.device)
-    for value in (args.model, args.task_data_dir, args.include_path, args.system_instruction):
+    gen_kwargs = json.dumps(args.gen_kwargs) if args.gen_kwargs else None
+    for value in (
+        args.model,
+        args.task_data_dir,
+        args.include_path,
+        args.system_instruction,
+        gen_kwargs,
+    ):
         if value is not None and "=" in value:
             raise EvalError(f"'=' in {value!r}: Tango's -D values cannot hold one")
     if args.log_samples and not args.output_path:
@@ -146,7 +155,7 @@ def take_model_args(args: argparse.Namespace) -> None:
             f"--model_args goes with lm_eval's --model hf, not with --model {args.model}: leave "
             "it out, or pass --model hf --model_args pretrained=PATH_OR_ID"
         )
-    given = _model_args(args.model_args)
+    given = key_values("--model_args", args.model_args)
     unknown = [key for key in given if key not in MODEL_ARGS]
     if unknown:
         raise EvalError(
@@ -176,6 +185,13 @@ def take_model_args(args: argparse.Namespace) -> None:
         args.precision = precision
 
 
+def take_gen_kwargs(args: argparse.Namespace) -> None:
+    """Resolve lm_eval's ``--gen_kwargs`` values into a dict (``None`` without them); refuse
+    (:class:`EvalError`) what lm_eval cannot read."""
+    if args.gen_kwargs is not None and not isinstance(args.gen_kwargs, dict):
+        args.gen_kwargs = key_values("--gen_kwargs", args.gen_kwargs) or None
+
+
 def check_chat(args: argparse.Namespace) -> None:
     """Refuse (:class:`EvalError`) chat settings the package does not take: a chat template by
     name (the tokenizer's default one is used), few-shot turns without a chat template (as
@@ -189,18 +205,22 @@ def check_chat(args: argparse.Namespace) -> None:
         raise EvalError("--fewshot_as_multiturn needs --apply_chat_template (turns of a chat)")
 
 
-def _model_args(values: list[str]) -> dict[str, Any]:
-    """lm_eval's ``--model_args`` values: ``k=v,k2=v2``, ``k=v k2=v2`` or one JSON object."""
-    from lm_eval.utils import simple_parse_args_string
+def key_values(option: str, values: list[str]) -> dict[str, Any]:
+    """A dict option's values as ``lm_eval`` reads them (its ``MergeDictAction``, lm-eval's own
+    functions): one JSON object, or ``key=value`` items, comma-separated or apart, each value a
+    Python literal where it is one (``until=["\\n"]``); refused (:class:`EvalError`) otherwise."""
+    from lm_eval._cli.utils import key_val_to_dict, try_parse_json
 
-    if len(values) == 1 and values[0].lstrip().startswith("{"):
-        try:
-            given = json.loads(values[0])
-        except json.JSONDecodeError as error:
-            raise EvalError(f"--model_args: not a JSON object ({error})") from None
-        if isinstance(given, dict):
-            return given
-    return simple_parse_args_string(",".join(values))
+    try:
+        first = try_parse_json(values[0])
+        if isinstance(first, dict):
+            return first
+        merged: dict[str, Any] = {}
+        for value in values:
+            merged.update(key_val_to_dict(value))
+    except ValueError as error:
+        raise EvalError(f"{option}: {one_line(error)}") from None
+    return merged
 
 
 def use_device(device: str) -> None:
@@ -236,6 +256,8 @@ def tango_arguments(args: argparse.Namespace, workspace: str, name: str) -> list
     }
     if args.seed is not None:
         defines["fewshot_seed"] = str(args.seed)
+    if args.gen_kwargs:
+        defines["gen_kwargs"] = json.dumps(args.gen_kwargs)
     fields = ("precision", "device_count", "engine", "task_data_dir", "include_path")
     for field in (*fields, "system_instruction"):
         value = getattr(args, field)

@@ -40,6 +40,7 @@ def lm_eval_results(
         "precision": scored.get("precision"),
         "limit": _limit(args),
         "num_fewshot": args.num_fewshot,
+        "gen_kwargs": args.gen_kwargs or {},
         "workspace": workspace,
         "run": run_name,
     }
@@ -88,7 +89,7 @@ def chat_template(model: str) -> str | None:
 def header(args: argparse.Namespace) -> str:
     """The line lm_eval prints above its table."""
     return (
-        f"tango_fairscale ({ {'pretrained': args.model} }), gen_kwargs: ({{}}), "
+        f"tango_fairscale ({ {'pretrained': args.model} }), gen_kwargs: ({args.gen_kwargs or {}}), "
         f"limit: {_limit(args)}, num_fewshot: {args.num_fewshot}, "
         f"batch_size: {args.batch_size or DEFAULT_BATCH_SIZE}"
     )

@@ -36,7 +36,7 @@ def test_the_configs_variables_are_found() -> None:
     assert config_variables(GPT2_PIQA) == (COMMON | {"data_dir"}, False)
     suite = COMMON | {"tasks", "task_data_dir", "num_fewshot", "train_task", "data_dir"}
     suite |= {"apply_chat_template", "fewshot_as_multiturn", "system_instruction"}
-    suite |= {"fewshot_seed", "include_path"}
+    suite |= {"fewshot_seed", "include_path", "gen_kwargs"}
     assert config_variables(MC_SUITE) == (suite, False)
 
 

@@ -120,6 +120,24 @@ def test_the_tango_command_line_is_mc_suite_with_its_variables() -> None:
     assert overrides == {"steps.scores_copa.batch_size": 64, "steps.scores_arc_easy.batch_size": 64}
 
 
+def test_lm_evals_gen_kwargs_become_a_json_object() -> None:
+    """``--gen_kwargs`` in lm_eval's forms (``k=v,k2=[...]``, apart, or JSON): one JSON object in
+    ``-D gen_kwargs``, the values read as lm_eval reads them."""
+    from tango_fairscale.eval_cli import take_gen_kwargs
+
+    expected = {"max_gen_toks": 64, "until": ["Q:", "A:"], "do_sample": False}
+    for given in (
+        ['max_gen_toks=64,until=["Q:","A:"],do_sample=False'],
+        ["max_gen_toks=64", 'until=["Q:","A:"]', "do_sample=False"],
+        [json.dumps(expected)],
+    ):
+        args = eval_args("--model", "/m", "--tasks", "gsm8k", "--gen_kwargs", *given)
+        take_gen_kwargs(args)
+        argv = tango_arguments(args, "/ws", "eval-x")
+        defines = [argv[i + 1] for i, arg in enumerate(argv) if arg == "-D"]
+        assert json.loads(defines[-1].removeprefix("gen_kwargs=")) == expected, given
+
+
 def test_lm_evals_hf_command_line_names_the_model_its_dtype_and_batch_size() -> None:
     """``lm_eval --model hf --model_args pretrained=...,dtype=... --batch_size auto`` with the
     program name changed: the same config variables as ``--model PATH --precision P``."""
@@ -166,10 +184,15 @@ def test_lm_evals_hf_command_line_names_the_model_its_dtype_and_batch_size() -> 
     [
         (["--model", "hf"], "--model hf names lm-eval's Hugging Face backend: give the model as"),
         ([], "give the model: --model PATH_OR_ID, or lm_eval's --model_args pretrained="),
-        (["--model_args", "{'pretrained': 1}"], "--model_args: not a JSON object (Expecting"),
+        (
+            ["--model_args", "{'pretrained': 1}"],
+            "--model_args: Invalid JSON: {'pretrained': 1}.",
+        ),
         (["-M", "m", "--apply_chat_template", "chatml"], "templates are not chosen by name here"),
         (["-M", "m", "--fewshot_as_multiturn"], "--fewshot_as_multiturn needs --apply_chat"),
         (["-M", "m", "--system_instruction", "a=b"], "'=' in 'a=b': Tango's -D values cannot"),
+        (["-M", "m", "--gen_kwargs", "{max_gen_toks: 5}"], "--gen_kwargs: Invalid JSON: {max_"),
+        (["-M", "m", "--gen_kwargs", "max_gen_toks"], "--gen_kwargs: expected `key=value`, got"),
         (["--model", "m", "--model_args", "pretrained=/m"], "--model_args goes with lm_eval's"),
         (["--model", "hf", "--model_args", "dtype=float32"], "names no model: give pretrained="),
         (

@@ -187,3 +187,22 @@ def test_an_include_path_reaches_every_task_and_its_tasks_are_found_there(
     assert found == str(folder.resolve() / "my_copa.yaml")
     assert graph["scores_arc_easy"].kwargs["task"].yaml_file is None
     assert "include_path" not in evaluate(MC_SUITE, **config)["steps"]["scores_arc_easy"]["task"]
+
+
+def test_gen_kwargs_reach_every_task_as_an_object(tiny_model_dir: Path) -> None:
+    """``-D gen_kwargs`` (a JSON object, ``tango-fairscale eval --gen_kwargs``) reaches every
+    task spec (``tasks/test_requests.py`` shows lm-eval's requests with them)."""
+    variables = {"tasks": "gsm8k,copa", "task_data_dir": str(FIXTURES)}
+    variables["model"] = str(tiny_model_dir)
+    given = '{"max_gen_toks": 5, "until": ["Q:"]}'
+    steps = evaluate(MC_SUITE, gen_kwargs=given, **variables)["steps"]
+    for task in ("gsm8k", "copa"):
+        assert steps[f"scores_{task}"]["task"]["gen_kwargs"] == {"max_gen_toks": 5, "until": ["Q:"]}
+        assert steps[f"requests_{task}"]["task"] == steps[f"scores_{task}"]["task"]
+    assert "gen_kwargs" not in evaluate(MC_SUITE, **variables)["steps"]["scores_gsm8k"]["task"]
+    graph = StepGraph.from_params(
+        Params.from_file(MC_SUITE, ext_vars={**DEFAULTS, **variables, "gen_kwargs": given}).pop(
+            "steps"
+        )
+    )
+    assert graph["scores_gsm8k"].kwargs["task"].gen_kwargs == {"max_gen_toks": 5, "until": ["Q:"]}

@@ -43,6 +43,7 @@ KEYED_WHEN_SET = (
     "system_instruction",
     "fewshot_as_multiturn",
     "include_path",
+    "gen_kwargs",
 )
 
 TaskDict = dict[str, Any]  # lm-eval's {"tasks": {name: Task}, "groups": ..., "group_map": ...}
@@ -76,6 +77,8 @@ class TaskSpec(FromParams, CustomDetHash):
     :param system_instruction: a system prompt (lm-eval's ``--system_instruction``).
     :param include_path: a folder of task YAMLs of your own, where a ``name`` is looked up before
         lm-eval's tasks (lm-eval's ``--include_path``; its tasks, not its groups or tags).
+    :param gen_kwargs: generation settings laid over each ``generate_until`` task's own
+        ``generation_kwargs`` (lm-eval's ``--gen_kwargs``: ``{max_gen_toks: 64, until: ["\\n"]}``).
 
     Example (Jsonnet)::
 
@@ -100,6 +103,7 @@ class TaskSpec(FromParams, CustomDetHash):
     system_instruction: str | None = None
     fewshot_as_multiturn: bool = True
     include_path: str | None = None
+    gen_kwargs: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         given = [field for field in ("name", "yaml", "config") if getattr(self, field) is not None]
@@ -128,6 +132,8 @@ class TaskSpec(FromParams, CustomDetHash):
         boolean("fewshot_as_multiturn", self.fewshot_as_multiturn)
         text("system_instruction", self.system_instruction, optional=True)
         text("include_path", self.include_path, optional=True)
+        if self.gen_kwargs is not None and not isinstance(self.gen_kwargs, dict):
+            raise ConfigurationError(f"gen_kwargs must be an object, got {self.gen_kwargs!r}")
         if self.config is not None and not isinstance(self.config, dict):
             raise ConfigurationError(f"a task 'config' must be an object, got {self.config!r}")
         self._check_sources()
@@ -256,6 +262,8 @@ def _load(manager: Any, item: Any, spec: TaskSpec) -> TaskDict:
         raise ConfigurationError(f"task {spec.label!r}: {one_line(error, 300)}") from None
     for name, task in loaded["tasks"].items():
         _check_output_type(name, task.get_config("output_type") or "generate_until")
+        if spec.gen_kwargs and task.get_config("output_type") == "generate_until":
+            task.set_config(key="generation_kwargs", value=dict(spec.gen_kwargs), update=True)
         check_generation_task(name, task)
         task.set_config(key="num_fewshot", value=_num_fewshot(spec, task.get_config("num_fewshot")))
         task.set_fewshot_seed(seed=spec.fewshot_seed)

@@ -22,6 +22,8 @@ from typing import Any
 import pytest
 from conftest import REPO_ROOT, lm_eval_as_released
 from helpers.requests import stored_requests
+from lm_eval.api.model import LM as LM_BASE
+from tango.common.det_hash import det_hash
 from tango.common.exceptions import ConfigurationError
 
 from tango_fairscale.tasks import lm_eval as lm_eval_module
@@ -263,3 +265,50 @@ def test_more_shots_than_the_few_shot_split_holds_is_refused_in_one_line(tmp_pat
     with pytest.raises(ConfigurationError, match="num_fewshot 50 needs more documents") as error:
         TaskRequestsStep().run(task=spec)
     assert "\n" not in str(error.value)
+
+
+class RecordingLM(LM_BASE):
+    """Answers every generation request with "" and keeps its arguments."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.arguments: list[tuple] = []
+
+    def generate_until(self, requests: Any, disable_tqdm: bool = False) -> list[str]:
+        self.arguments += [tuple(request.args) for request in requests]
+        return ["" for _ in requests]
+
+    def loglikelihood(self, requests: Any, disable_tqdm: bool = False) -> list:
+        raise NotImplementedError
+
+    def loglikelihood_rolling(self, requests: Any, disable_tqdm: bool = False) -> list:
+        raise NotImplementedError
+
+
+def test_gen_kwargs_are_laid_over_each_generation_task_as_lm_evals_gen_kwargs(
+    tmp_path: Path,
+) -> None:
+    """``gen_kwargs`` (``tango-fairscale eval --gen_kwargs``): the requests stored are those
+    ``lm_eval.simple_evaluate(gen_kwargs=...)`` asks its model for, and they are in the key."""
+    import lm_eval
+
+    gen_kwargs = {"max_gen_toks": 5, "until": ["Question:", "\n\n"], "do_sample": False}
+    spec = spec_of("gsm8k", tmp_path, gen_kwargs=gen_kwargs)
+    ours = sorted(row[4] for row in stored_instances(stored_requests(spec)))
+    recording = RecordingLM()
+    config = task_config("gsm8k", generation_kwargs=generation_kwargs("gsm8k", MAX_GEN_TOKS))
+    with lm_eval_as_released():
+        lm_eval.simple_evaluate(
+            model=recording,
+            tasks=[config],
+            task_manager=task_manager(),
+            num_fewshot=SHOTS,
+            limit=LIMIT,
+            gen_kwargs=dict(gen_kwargs),
+            bootstrap_iters=0,
+        )
+    assert ours == sorted(recording.arguments) and len(ours) == LIMIT
+    assert ours[0][1]["max_gen_toks"] == 5 and ours[0][1]["until"] == ["Question:", "\n\n"]
+    plain = spec_of("gsm8k", tmp_path)
+    assert det_hash(spec) != det_hash(plain)
+    assert sorted(row[4] for row in stored_instances(stored_requests(plain))) != ours
