@@ -48,7 +48,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from .checks import one_line
 from .eval_arguments import (
     DTYPE_PRECISIONS,
     LM_EVAL_HF_MODELS,
@@ -219,7 +218,7 @@ def key_values(option: str, values: list[str]) -> dict[str, Any]:
         for value in values:
             merged.update(key_val_to_dict(value))
     except ValueError as error:
-        raise EvalError(f"{option}: {one_line(error)}") from None
+        raise EvalError(f"{option}: {error}") from None  # lm-eval's messages are one line
     return merged
 
 
