@@ -42,6 +42,8 @@ local limit = variables.int('limit');
 local num_fewshot = variables.intOr('num_fewshot', null);  // null: each task's own
 local fewshot_seed = variables.int('fewshot_seed');
 local gen_kwargs = std.extVar('gen_kwargs');
+assert gen_kwargs == '' || std.startsWith(std.stripChars(gen_kwargs, ' '), '{') :
+       '-D gen_kwargs must be a JSON object, e.g. {"max_gen_toks": 64}, got "%s"' % gen_kwargs;
 local chat = variables.bool('apply_chat_template');
 local multiturn = variables.boolOr('fewshot_as_multiturn', null);  // null: TaskSpec's (true)
 local system_instruction = std.extVar('system_instruction');

@@ -200,6 +200,9 @@ def test_gen_kwargs_reach_every_task_as_an_object(tiny_model_dir: Path) -> None:
         assert steps[f"scores_{task}"]["task"]["gen_kwargs"] == {"max_gen_toks": 5, "until": ["Q:"]}
         assert steps[f"requests_{task}"]["task"] == steps[f"scores_{task}"]["task"]
     assert "gen_kwargs" not in evaluate(MC_SUITE, **variables)["steps"]["scores_gsm8k"]["task"]
+    with pytest.raises(RuntimeError) as error:  # lm_eval's key=value form is no JSON
+        evaluate(MC_SUITE, gen_kwargs="max_gen_toks:5", **variables)
+    assert_one_line(str(error.value), '-D gen_kwargs must be a JSON object, e.g. {"max_gen_toks"')
     graph = StepGraph.from_params(
         Params.from_file(MC_SUITE, ext_vars={**DEFAULTS, **variables, "gen_kwargs": given}).pop(
             "steps"
