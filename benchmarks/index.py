@@ -83,11 +83,12 @@ EARLIER: dict[str, dict[str, str | None]] = {
         "attention's plan per new length up to 1.2 s; the main job 55.0 s as a machine's third "
         "command",
     },
-    "profile_lm_eval_h100_1430bf6": {
+    "profile_lm_eval_h100_afe356d": {
         "suite": "profile-lm-eval",
-        "figure": "analysis (H100, py-spy and torch.profiler): scoring passes' kernels 1.36 s "
-        "(HellaSwag) and 0.90 s (MMLU); a second model's load 4.2 s, mostly transformers' "
-        "imports, and the fast-path probe on the CPU 0.65 s; lm-eval's task loading 1.0 s",
+        "figure": "analysis (H100, py-spy and torch.profiler): scoring passes' kernels 1.35 s "
+        "(HellaSwag) and 0.89 s (MMLU); a second model's load 5.7 s under the profiler, mostly "
+        "transformers' imports (importlib's packages_distributions 1.1 s); lm-eval's task "
+        "loading 2.1 s",
     },
     "warm_up_ab_h100_49cff88": {
         "suite": None,

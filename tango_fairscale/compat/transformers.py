@@ -1,4 +1,5 @@
-"""transformers 5 without a host wait per forward, and without scikit-learn at import.
+"""transformers 5 without a host wait per forward, and without scikit-learn or every package's
+file list read at import.
 
 Without an attention mask, transformers 5 looks for packed sequences in every forward
 (``masking_utils.find_packed_sequence_indices``: ``(mask[:, -1] == 0).all()`` read on the host),
@@ -16,7 +17,8 @@ tells transformers that scikit-learn is absent, before its generation code is im
 still imports it where a metric needs it (``f1``, ``mcc``). Until transformers is imported, it
 waits for the first import of a module that reads the answer at import (:data:`SKLEARN_READERS`),
 so that a process that never uses transformers (a ``tango run`` with every step cached) does not
-import it (~0.6 s on 2 cores) for the fix.
+import it (~0.6 s on 2 cores) for the fix. The same hook answers transformers' map of installed
+packages from a file (:mod:`.package_metadata`) as :data:`DISTRIBUTIONS_READER` is imported.
 """
 
 from __future__ import annotations
@@ -27,16 +29,24 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from .package_metadata import remember_packages_distributions_once
+
 #: transformers' modules that ask at import whether scikit-learn is there (and import it if so).
 SKLEARN_READERS = ("transformers.generation.candidate_generator", "transformers.data.metrics")
+#: transformers' module that maps every import name to its distributions at its import.
+DISTRIBUTIONS_READER = "transformers.utils.import_utils"
 
 
-class _BeforeSklearnReaders(importlib.abc.MetaPathFinder):
+class _BeforeTransformersReads(importlib.abc.MetaPathFinder):
     """Applies :func:`skip_sklearn_import` when a module of :data:`SKLEARN_READERS` is about to
-    be imported (``transformers.utils`` is imported by then, with its parent packages); finds
-    nothing itself. It stays in ``sys.meta_path``: the import system is iterating that list."""
+    be imported (``transformers.utils`` is imported by then, with its parent packages), and
+    :func:`~.package_metadata.remember_packages_distributions_once` before
+    :data:`DISTRIBUTIONS_READER`; finds nothing itself. It stays in ``sys.meta_path``: the
+    import system is iterating that list."""
 
     def find_spec(self, fullname: str, path: Sequence[str] | None, target: Any = None) -> None:
+        if fullname == DISTRIBUTIONS_READER:
+            remember_packages_distributions_once()
         if fullname in SKLEARN_READERS:
             skip_sklearn_import()
         return None
@@ -48,8 +58,8 @@ def skip_sklearn_import() -> None:
     if "transformers.generation.candidate_generator" in sys.modules:
         return
     if "transformers.utils" not in sys.modules:  # not imported yet: patched when it is needed
-        if not any(isinstance(finder, _BeforeSklearnReaders) for finder in sys.meta_path):
-            sys.meta_path.insert(0, _BeforeSklearnReaders())
+        if not any(isinstance(finder, _BeforeTransformersReads) for finder in sys.meta_path):
+            sys.meta_path.insert(0, _BeforeTransformersReads())
         return
     import transformers.utils as utils
     import transformers.utils.import_utils as import_utils
