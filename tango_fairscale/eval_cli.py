@@ -88,16 +88,11 @@ def run(args: argparse.Namespace, prog: str) -> int:
     check_chat(args)
     if args.device is not None:
         use_device(args.device)
-    gen_kwargs = json.dumps(args.gen_kwargs) if args.gen_kwargs else None
-    for value in (
-        args.model,
-        args.task_data_dir,
-        args.include_path,
-        args.system_instruction,
-        gen_kwargs,
-    ):
-        if value is not None and "=" in value:
-            raise EvalError(f"'=' in {value!r}: Tango's -D values cannot hold one")
+    workspace = args.workspace or str(default_workspace())
+    if "://" not in workspace:
+        workspace = str(Path(workspace).expanduser().resolve())
+    name = f"eval-{datetime.now().strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+    argv = tango_arguments(args, workspace, name)
     if args.log_samples and not args.output_path:
         raise EvalError("--log_samples needs --output_path: the samples are written beside it")
     if args.output_path:  # made now: a path that cannot hold the results fails before any work
@@ -107,11 +102,6 @@ def run(args: argparse.Namespace, prog: str) -> int:
             )
         except OSError as error:
             raise EvalError(f"--output_path {args.output_path}: {error}") from None
-    workspace = args.workspace or str(default_workspace())
-    if "://" not in workspace:
-        workspace = str(Path(workspace).expanduser().resolve())
-    name = f"eval-{datetime.now().strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
-    argv = tango_arguments(args, workspace, name)
     started = time.time()
     code = _tango(argv)
     if code != 0:
@@ -124,10 +114,10 @@ def run(args: argparse.Namespace, prog: str) -> int:
         path = write_results(results, args.output_path, written_at)
         print(f"{prog}: wrote {path}", file=sys.stderr)
         if args.log_samples:
-            files = write_samples(
+            count = write_samples(
                 workspace, name, args.tasks, args.output_path, args.model, written_at
             )
-            print(f"{prog}: wrote {len(files)} samples files beside it", file=sys.stderr)
+            print(f"{prog}: wrote {count} samples files beside it", file=sys.stderr)
     return 0
 
 
@@ -187,7 +177,7 @@ def take_model_args(args: argparse.Namespace) -> None:
 def take_gen_kwargs(args: argparse.Namespace) -> None:
     """Resolve lm_eval's ``--gen_kwargs`` values into a dict (``None`` without them); refuse
     (:class:`EvalError`) what lm_eval cannot read."""
-    if args.gen_kwargs is not None and not isinstance(args.gen_kwargs, dict):
+    if args.gen_kwargs is not None:
         args.gen_kwargs = key_values("--gen_kwargs", args.gen_kwargs) or None
 
 
@@ -245,7 +235,8 @@ def use_device(device: str) -> None:
 
 
 def tango_arguments(args: argparse.Namespace, workspace: str, name: str) -> list[str]:
-    """The ``tango`` command line (without the program) that evaluates ``args``."""
+    """The ``tango`` command line (without the program) that evaluates ``args``; refuses
+    (:class:`EvalError`) a value that Tango's ``-D`` cannot carry."""
     defines = {
         "model": args.model,
         "tasks": ",".join(args.tasks),
@@ -268,6 +259,8 @@ def tango_arguments(args: argparse.Namespace, workspace: str, name: str) -> list
         defines["fewshot_as_multiturn"] = str(args.fewshot_as_multiturn).lower()
     argv = ["--settings", str(SETTINGS), "run", str(CONFIG), "-w", workspace, "-n", name]
     for key, value in defines.items():
+        if "=" in value:
+            raise EvalError(f"'=' in {value!r}: Tango's -D values cannot hold one")
         argv += ["-D", f"{key}={value}"]
     if args.batch_size is not None:  # Tango's overrides: a dotted path per field
         dotted = [task for task in args.tasks if "." in task]

@@ -141,12 +141,12 @@ def results_file(output_path: str, model_name: str, date_id: str) -> Path:
 
 def write_samples(
     workspace: str, run_name: str, tasks: list[str], output_path: str, model: str, date_id: str
-) -> list[Path]:
+) -> int:
     """Write the per-document samples of the run's ``scores_<task>`` steps as ``lm_eval
     --log_samples`` writes them, through lm-eval's own ``EvaluationTracker``: a
     ``samples_<task>_<date>.jsonl`` per scored task (each task of a group) beside the results
     file. Each line has lm-eval's keys but ``doc`` and the hashes (the steps keep no documents).
-    Returns the files."""
+    Returns how many files it wrote."""
     from lm_eval.loggers import EvaluationTracker
     from lm_eval.utils import sanitize_model_name
     from tango import Workspace
@@ -155,11 +155,10 @@ def write_samples(
     tracker = EvaluationTracker(output_path=output_path)
     tracker.general_config_tracker.model_name_sanitized = sanitize_model_name(model)
     tracker.date_id = date_id
-    folder = results_file(output_path, model, date_id).parent
-    written = []
+    written = 0
     for task in tasks:
         scores = steps.step_result_for_run(run_name, f"scores_{task}")
         for name, samples in sorted(scores.get("samples", {}).items()):
             tracker.save_results_samples(name, samples)
-            written.append(folder / f"samples_{name}_{date_id}.jsonl")
+            written += 1
     return written

@@ -162,11 +162,12 @@ def replace_durably(path: Path, text: str) -> None:
 def sync_tree(directory: Path) -> None:
     """Put on the disk every file under ``directory`` (written without :func:`write_file`, as
     ``save_pretrained`` writes) and the names of them."""
-    for path in sorted(Path(directory).rglob("*")):
+    paths = sorted(Path(directory).rglob("*"))
+    for path in paths:
         if path.is_file():
             with open(path, "rb") as file:
                 os.fsync(file.fileno())
-    for folder in sorted({path.parent for path in Path(directory).rglob("*")} | {directory}):
+    for folder in sorted({path.parent for path in paths} | {Path(directory)}):
         sync_directory(folder)
 
 
