@@ -142,9 +142,10 @@ class TaskSpec(FromParams, CustomDetHash):
         """Refuse at once — Tango builds every step's spec before it runs any step — a name
         lm-eval does not know, a ``yaml`` or ``data_dir`` that is not there."""
         local = self.data_dir is not None or self.dataset is not None
+        self._included = None
         if self.name is not None and self.include_path is not None:
             self._included = included(self.include_path, self.name)
-        if self.name is not None and self.yaml_file is None:
+        if self.name is not None and self._included is None:
             builtin(self.name, local)
         if self.yaml is not None and not Path(self.yaml).expanduser().is_file():
             raise ConfigurationError(f"task YAML {self.yaml!r} does not exist")
@@ -200,7 +201,7 @@ class TaskSpec(FromParams, CustomDetHash):
     def yaml_file(self) -> str | None:
         """The task YAML the spec loads: its ``yaml``, or the one its ``name`` names in its
         ``include_path`` (found when the spec is made)."""
-        return getattr(self, "_included", None) or self.yaml
+        return self._included or self.yaml
 
     @property
     def label(self) -> str:
