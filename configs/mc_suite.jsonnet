@@ -20,7 +20,9 @@
 //                  generation_kwargs (lm_eval's --gen_kwargs): '{"max_gen_toks": 64}'
 //   train_steps    optimizer steps of fine-tuning first; 0 = evaluate only      0
 //   model, engine, precision, device_count, batch_size, lr, seed, validate_every,
-//   warmup_steps, lr_decay, log_every, limit (documents per task; 0 = all)  as gpt2_piqa.jsonnet
+//   warmup_steps, lr_decay, log_every                                    as gpt2_piqa.jsonnet
+//   limit          documents per task, or a fraction of each (0.1: a tenth,  0
+//                  rounded up, as lm_eval's --limit); 0 = all
 //   train_task     the task trained on when train_steps > 0 (its training split)   piqa
 //   apply_chat_template   prompts in the tokenizer's chat template (lm-eval's own)   false
 //   fewshot_as_multiturn  few-shot examples as chat turns; empty = lm-eval's     ""
@@ -38,7 +40,7 @@ local engines = import 'lib/engines.libsonnet';
 local variables = import 'lib/variables.libsonnet';
 
 local train_steps = variables.intOr('train_steps', 0);  // tango.yml: '' = evaluate only
-local limit = variables.int('limit');
+local limit = variables.number('limit');  // documents per task, or a fraction of each (< 1)
 local num_fewshot = variables.intOr('num_fewshot', null);  // null: each task's own
 local fewshot_seed = variables.int('fewshot_seed');
 local gen_kwargs = std.extVar('gen_kwargs');
@@ -68,7 +70,9 @@ assert std.length(repeated) == 0 :
 assert train_steps >= 0 : 'train_steps must be 0 (evaluate only) or positive';
 assert chat || multiturn != true :
        '-D fewshot_as_multiturn=true needs -D apply_chat_template=true (turns of a chat template)';
-assert limit >= 0 : 'limit must be 0 (all examples) or positive, got %d' % limit;
+assert limit >= 0 && (limit < 1 || limit == std.floor(limit)) :
+       'limit must be 0 (all examples) or positive: a number of documents, or a fraction of '
+       + 'each task\'s below 1 (0.1), got %s' % limit;
 local precisions = ['auto', '32-true', 'bf16-mixed', '16-mixed', 'bf16-true'];
 assert std.member(precisions, std.extVar('precision')) :
        '-D precision must be one of %s, got "%s"' % [std.join(', ', precisions), std.extVar('precision')];

@@ -48,6 +48,20 @@ def positive_int(name: str, value: Any, *, optional: bool = False) -> Any:
     return value
 
 
+def document_limit(name: str, value: Any) -> Any:
+    """``value`` if it is ``None``, a whole number of documents ≥ 1, or a fraction of a task's
+    documents strictly between 0 and 1 (lm-eval's ``--limit``: its documents × the fraction,
+    rounded up)."""
+    if value is None or (_is_int(value) and value >= 1):
+        return value
+    if isinstance(value, float) and 0 < value < 1:
+        return value
+    raise ConfigurationError(
+        f"{name} must be a number of documents (1, 2, ...), a fraction of each task's documents "
+        f"between 0 and 1 (0.1), or null; got {value!r}"
+    )
+
+
 def non_negative_int(name: str, value: Any) -> int:
     """``value`` if it is an integer ≥ 0."""
     if not _is_int(value) or value < 0:

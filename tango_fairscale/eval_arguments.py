@@ -60,7 +60,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "-s",
         action="store_true",
         help="with --output_path: also each document's samples, as lm_eval writes them "
-        "(samples_<task>_<date>.jsonl beside the results; without the document and its hashes)",
+        "(samples_<task>_<date>.jsonl beside the results; each task is loaded again for its "
+        "documents)",
     )
 
 
@@ -172,7 +173,8 @@ def _add_tasks(parser: argparse.ArgumentParser) -> None:
         type=_document_count,
         default=0,
         metavar="N",
-        help="at most N documents per task (default 0: all)",
+        help="at most N documents per task, or that fraction of each (0 < N < 1, rounded up), "
+        "as lm_eval (default 0: all)",
     )
     parser.add_argument(
         "--gen_kwargs",
@@ -221,17 +223,21 @@ def _whole_number(text: str, least: int = 0) -> int:
     return value
 
 
-def _document_count(text: str) -> int:
-    """``--limit``: a whole number of documents (lm_eval's fraction of a task is not taken)."""
+def _document_count(text: str) -> int | float:
+    """``--limit``: a whole number of documents, or a fraction of each task's (0 < N < 1), as
+    lm_eval takes it."""
     try:
-        fraction = 0 < float(text) < 1
+        fraction = float(text)
     except ValueError:
-        fraction = False
-    if fraction:
+        fraction = 0.0
+    if 0 < fraction < 1:
+        return fraction
+    try:
+        return _whole_number(text)
+    except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(
-            f"a number of documents, not a fraction of each task as in lm_eval; got {text!r}"
-        )
-    return _whole_number(text)
+            f"must be a whole number of documents >= 0 or a fraction between 0 and 1, got {text!r}"
+        ) from None
 
 
 def _fewshot_seed(text: str) -> int:

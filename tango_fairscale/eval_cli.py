@@ -19,7 +19,8 @@ settings in the same workspace, starts no step. ``--batch_size`` is the scoring 
 ``.json``, ``<stem>_<date>.json`` beside it; for any other path (a directory),
 ``<path>/<model name with / and : as __>/results_<date>.json``; with ``--log_samples``, each
 task's per-document samples beside it, as ``lm_eval --log_samples`` writes them (lm-eval's own
-``EvaluationTracker``), from the scores steps (no document text or hashes: the steps keep none).
+``EvaluationTracker``), from the scores steps and each task's documents, loaded again (the steps
+keep none) for ``doc`` and lm-eval's hashes.
 
 An ``lm_eval`` command line for the Hugging Face backend runs with its program name changed:
 ``--model hf --model_args pretrained=PATH_OR_ID[,dtype=D]`` names the model (``dtype``: float32 is

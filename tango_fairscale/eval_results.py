@@ -145,20 +145,75 @@ def write_samples(
     """Write the per-document samples of the run's ``scores_<task>`` steps as ``lm_eval
     --log_samples`` writes them, through lm-eval's own ``EvaluationTracker``: a
     ``samples_<task>_<date>.jsonl`` per scored task (each task of a group) beside the results
-    file. Each line has lm-eval's keys but ``doc`` and the hashes (the steps keep no documents).
-    Returns how many files it wrote."""
+    file, each line with lm-eval's keys in its order. The steps keep no documents: each task is
+    loaded again (as its step's ``task`` config says) for ``doc`` and lm-eval's ``doc_hash``,
+    ``prompt_hash`` and ``target_hash``. Returns how many files it wrote."""
     from lm_eval.loggers import EvaluationTracker
     from lm_eval.utils import sanitize_model_name
     from tango import Workspace
 
     steps = Workspace.from_url(workspace)
+    configs = steps.registered_run(run_name).steps
     tracker = EvaluationTracker(output_path=output_path)
     tracker.general_config_tracker.model_name_sanitized = sanitize_model_name(model)
     tracker.date_id = date_id
     written = 0
     for task in tasks:
-        scores = steps.step_result_for_run(run_name, f"scores_{task}")
+        step = f"scores_{task}"
+        scores = steps.step_result_for_run(run_name, step)
+        spec = _task_spec((configs[step].config or {})["task"], steps, run_name)
+        documents = _documents(spec)
         for name, samples in sorted(scores.get("samples", {}).items()):
-            tracker.save_results_samples(name, samples)
+            task_object, by_id = documents[name]
+            full = [_lm_eval_sample(s, task_object, by_id[s["doc_id"]]) for s in samples]
+            tracker.save_results_samples(name, full)
             written += 1
     return written
+
+
+def _task_spec(config: dict[str, Any], steps: Any, run_name: str) -> Any:
+    """The :class:`~tango_fairscale.tasks.lm_eval.TaskSpec` of a step's ``task`` config; a
+    ``dataset`` in it (``{type: "ref"}`` to a data step) is that step's result in the run."""
+    from tango.common import Params
+
+    from .tasks.lm_eval import TaskSpec
+
+    fields = dict(config)
+    extras = {}
+    if isinstance(fields.get("dataset"), dict):
+        extras["dataset"] = steps.step_result_for_run(run_name, fields.pop("dataset")["ref"])
+    return TaskSpec.from_params(Params(fields), **extras)
+
+
+def _documents(spec: Any) -> dict[str, tuple[Any, dict[int, Any]]]:
+    """Each task of ``spec``: lm-eval's task object and its scored documents by ``doc_id``."""
+    from lm_eval.evaluator_utils import get_sample_size
+
+    from .tasks.lm_eval import load_tasks
+
+    documents = {}
+    for name, task in load_tasks(spec)["tasks"].items():
+        limit = get_sample_size(task, spec.limit)
+        documents[name] = (task, dict(task.doc_iterator(rank=0, limit=limit, world_size=1)))
+    return documents
+
+
+def _lm_eval_sample(sample: dict[str, Any], task: Any, doc: Any) -> dict[str, Any]:
+    """A stored sample as lm-eval's evaluator logs it: its keys in its order, with ``doc`` and
+    the hashes it adds (the first request's context as the prompt)."""
+    from lm_eval.utils import hash_string
+
+    from .evaluation.harness import SAMPLE_KEYS
+    from .tasks.requests import doc_hash
+
+    logged = {key: sample[key] for key in SAMPLE_KEYS}
+    return (
+        {"doc_id": logged.pop("doc_id"), "doc": doc}
+        | logged
+        | {
+            "doc_hash": doc_hash(doc),
+            "prompt_hash": hash_string(sample["arguments"][0][0]),
+            "target_hash": hash_string(str(task.doc_to_target(doc))),
+        }
+        | {name: sample[name] for name in sample["metrics"] if name in sample}
+    )

@@ -12,6 +12,7 @@ from tango.common.exceptions import ConfigurationError
 from tango_fairscale.checks import (
     boolean,
     did_you_mean,
+    document_limit,
     non_negative_int,
     one_line,
     one_of,
@@ -44,6 +45,19 @@ def test_did_you_mean_names_the_closest_choice_only_when_close() -> None:
     assert did_you_mean("fairscle", ["fairscale", "fsdp2", "ddp"]) == "; did you mean 'fairscale'?"
     assert did_you_mean("zzz", ["fairscale", "fsdp2"]) == ""
     assert did_you_mean("fsdp", ["fsdp1", "fsdp2"], n=2) == "; did you mean 'fsdp2', 'fsdp1'?"
+
+
+@pytest.mark.parametrize("value", [None, 1, 500, 0.1, 0.999])
+def test_document_limit_accepts_counts_and_fractions_below_one(value: Any) -> None:
+    assert document_limit("limit", value) == value
+
+
+@pytest.mark.parametrize("value", [0, -2, 0.0, 1.0, 2.5, -0.5, True, "0.5"])
+def test_document_limit_refuses_the_rest(value: Any) -> None:
+    assert refusal(document_limit, "limit", value) == (
+        "limit must be a number of documents (1, 2, ...), a fraction of each task's documents "
+        f"between 0 and 1 (0.1), or null; got {value!r}"
+    )
 
 
 @pytest.mark.parametrize("value", [1, 7])

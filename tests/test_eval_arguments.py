@@ -11,8 +11,8 @@ from tango_fairscale.cli import main
 @pytest.mark.parametrize(
     ("option", "fragment"),
     [
-        (["--limit", "0.5"], "--limit: a number of documents, not a fraction of each task as in"),
-        (["--limit", "-3"], "argument --limit: must be a whole number >= 0, got '-3'"),
+        (["--limit", "1.5"], "--limit: must be a whole number of documents >= 0 or a fraction"),
+        (["--limit", "-3"], "--limit: must be a whole number of documents >= 0 or a fraction"),
         (["--num_fewshot", "-1"], "argument --num_fewshot: must be a whole number >= 0"),
         (["--batch_size", "0"], "argument --batch_size: must be a positive whole number, auto"),
         (["--device_count", "0"], "argument --device_count: must be a whole number >= 1, got '0'"),

@@ -32,7 +32,16 @@ def assert_one_line(message: str, fragment: str) -> None:
 def test_a_negative_limit_is_refused_by_both_configs(config: str) -> None:
     with pytest.raises(RuntimeError) as error:  # mc_suite took it for "all documents"
         evaluate(REPO_ROOT / "configs" / config, limit="-1")
-    assert_one_line(str(error.value), "limit must be 0 (all examples) or positive, got -1")
+    assert_one_line(str(error.value), "limit must be 0 (all examples) or positive")
+    assert_one_line(str(error.value), "got -1")
+
+
+def test_mc_suites_limit_is_a_count_or_a_fraction_as_lm_evals() -> None:
+    steps = evaluate(MC_SUITE, tasks="copa", limit="0.25")["steps"]
+    assert steps["requests_copa"]["task"]["limit"] == steps["scores_copa"]["task"]["limit"] == 0.25
+    with pytest.raises(RuntimeError) as error:
+        evaluate(MC_SUITE, tasks="copa", limit="2.5")
+    assert_one_line(str(error.value), "a fraction of each task's below 1 (0.1), got 2.5")
 
 
 def test_a_task_listed_twice_is_refused_in_one_line() -> None:

@@ -17,7 +17,7 @@ from tango.common.det_hash import CustomDetHash
 from tango.common.exceptions import ConfigurationError
 
 from .. import compat  # noqa: F401  (Tango fixes)
-from ..checks import boolean, one_line, positive_int, text
+from ..checks import boolean, document_limit, one_line, text
 from ..compat.lm_eval import fix_lm_eval
 from ..records.fingerprint import local_fingerprint
 from .answers import find_problems
@@ -67,7 +67,8 @@ class TaskSpec(FromParams, CustomDetHash):
     :param dataset: a Tango ``DatasetDict`` (e.g. ``{ref: "piqa"}``) read instead, likewise.
     :param num_fewshot: few-shot examples per context (``null``: the task's own default, else 0).
     :param fewshot_seed: seeds the choice of few-shot examples (lm-eval's default 1234).
-    :param limit: score only the first ``limit`` documents (``null``: all).
+    :param limit: score only the first ``limit`` documents, or that fraction of them (``0.1``:
+        a tenth, rounded up, as lm-eval's ``--limit``; ``null``: all).
     :param strict: refuse a document that cannot be scored (its answer is not one of its
         choices, say; see :mod:`~tango_fairscale.tasks.answers`) in one line naming its file
         and line (``true``, the default), or leave such documents out of a task's own
@@ -97,7 +98,7 @@ class TaskSpec(FromParams, CustomDetHash):
     dataset: DatasetDictBase | None = None
     num_fewshot: int | None = None
     fewshot_seed: int = DEFAULT_FEWSHOT_SEED
-    limit: int | None = None
+    limit: int | float | None = None
     strict: bool = True
     apply_chat_template: bool = False
     system_instruction: str | None = None
@@ -121,7 +122,7 @@ class TaskSpec(FromParams, CustomDetHash):
             raise ConfigurationError(
                 f"num_fewshot must be 0, a positive integer or null, got {self.num_fewshot!r}"
             )
-        positive_int("limit", self.limit, optional=True)
+        document_limit("limit", self.limit)
         boolean("strict", self.strict)
         if not self.strict and self.data_dir is None and self.dataset is None:
             raise ConfigurationError(

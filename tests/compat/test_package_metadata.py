@@ -62,14 +62,15 @@ def test_only_the_next_call_is_answered_from_the_file(cache_home: Path) -> None:
     assert len(list(cache_home.glob("*.json"))) == 1
 
 
-@pytest.mark.slow  # two fresh interpreters importing transformers: ~10 s on 2 cores
+@pytest.mark.slow  # two fresh interpreters importing transformers: ~8 s on 2 cores
 def test_transformers_reads_the_map_from_the_file_in_a_second_process(tmp_path: Path) -> None:
-    """Every component registered (the compat fixes applied), transformers imported: its map is
-    importlib's; a second process gets it from the file, without reading a package's files."""
+    """The compat fixes applied (as every component's module applies them), transformers
+    imported: its map is importlib's; a second process gets it from the file, without reading a
+    package's files. (That no component imports transformers before the fixes is
+    ``tests/compat/test_transformers.py``'s scikit-learn test.)"""
     code = (
         "import importlib.metadata as metadata, json, sys\n"
-        "from tango.common.util import import_module_and_submodules\n"
-        "import_module_and_submodules('tango_fairscale')\n"
+        "import tango_fairscale.compat\n"
         "original = metadata.packages_distributions\n"
         "if sys.argv[1] == 'second':\n"
         "    metadata.distributions = None  # reading the packages' files fails\n"

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import shutil
 import sys
 from pathlib import Path
@@ -57,9 +58,12 @@ def spec_of(task: str, yaml_dir: Path, **fields: Any) -> TaskSpec:
     return TaskSpec(name=task, data_dir=data_dir, **fields)
 
 
-def lm_evals_instances(task_name: str) -> list[tuple]:
+def lm_evals_instances(task_name: str, limit: float = LIMIT) -> list[tuple]:
     """lm-eval as released, from its own task config over the fixture files, as
-    ``simple_evaluate(num_fewshot=2, limit=6)`` builds the instances."""
+    ``simple_evaluate(num_fewshot=2, limit=limit)`` builds the instances (a fraction of the
+    documents: as many as its ``get_sample_size`` takes)."""
+    from lm_eval.evaluator_utils import get_sample_size
+
     overrides = {}
     if task_name in GENERATION:
         overrides["generation_kwargs"] = generation_kwargs(task_name, MAX_GEN_TOKS)
@@ -69,7 +73,7 @@ def lm_evals_instances(task_name: str) -> list[tuple]:
         if task.get_config("num_fewshot") != 0:
             task.set_config(key="num_fewshot", value=SHOTS)
         task.set_fewshot_seed(seed=1234)
-        task.build_all_requests(limit=LIMIT, rank=0, world_size=1)
+        task.build_all_requests(limit=get_sample_size(task, limit), rank=0, world_size=1)
     return [
         (i.task_name, i.doc_id, i.idx, i.request_type, i.args, i.repeats, doc_hash(i.doc))
         for i in task.instances
@@ -113,6 +117,17 @@ def test_the_stored_requests_are_lm_evals_own_instances(
     stored = stored_requests(spec_of(task_name, tmp_path))
     expected = lm_evals_instances(task_name)
     assert stored_instances(stored) == expected and len({row[1] for row in expected}) == LIMIT
+
+
+def test_a_fraction_as_limit_takes_the_documents_lm_eval_takes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    as_hub_documents(monkeypatch)
+    stored = stored_requests(spec_of("arc_easy", tmp_path, limit=0.3))
+    expected = lm_evals_instances("arc_easy", limit=0.3)
+    documents = len((FIXTURES / DATA_DIR["arc_easy"] / "test.jsonl").read_text().splitlines())
+    assert len({row[1] for row in expected}) == math.ceil(0.3 * documents) != LIMIT
+    assert stored_instances(stored) == expected
 
 
 def instance_fields(task: Any) -> list[tuple]:

@@ -14,6 +14,41 @@ from helpers.commands import run_command
 from test_eval_cli import FIXTURES
 
 
+def lm_evals_logged_samples(tasks: list[str], limit: int) -> dict[str, dict[int, dict]]:
+    """lm-eval's own logged samples of the fixture tasks, by task and ``doc_id``, from a model
+    that answers every request alike (documents, prompts and targets do not depend on it)."""
+    import lm_eval
+    from conftest import lm_eval_as_released
+    from lm_eval.api.model import LM
+
+    sys.path.insert(0, str(FIXTURES))
+    from lm_eval_fixtures import task_config, task_manager
+
+    class Constant(LM):
+        def loglikelihood(self, requests: list, disable_tqdm: bool = False) -> list:
+            return [(0.0, False)] * len(requests)
+
+        def loglikelihood_rolling(self, requests: list, disable_tqdm: bool = False) -> list:
+            return [0.0] * len(requests)
+
+        def generate_until(self, requests: list, disable_tqdm: bool = False) -> list:
+            return [""] * len(requests)
+
+    with lm_eval_as_released():
+        output = lm_eval.simple_evaluate(
+            model=Constant(),
+            tasks=[task_config(task) for task in tasks],
+            task_manager=task_manager(),
+            limit=limit,
+            log_samples=True,
+            bootstrap_iters=0,
+        )
+    return {
+        task: {sample["doc_id"]: sample for sample in samples}
+        for task, samples in output["samples"].items()
+    }
+
+
 @pytest.mark.slow  # two commands, ~10 s each
 def test_eval_is_mc_suite_with_lm_eval_output(tmp_path: Path, tokenizer_dir: Path) -> None:
     from conftest import save_tiny_gpt2
@@ -47,13 +82,19 @@ def test_eval_is_mc_suite_with_lm_eval_output(tmp_path: Path, tokenizer_dir: Pat
     assert results["configs"]["copa"]["task"] == "copa"  # lm-eval's task configs
     assert results["lm_eval_version"] == "0.4.13" and results["transformers_version"] >= "5"
     assert results["model_name"] == str(model) and results["n-samples"]["copa"]["effective"] == 4
-    # --log_samples: lm-eval's samples files beside the results, one line a document
+    # --log_samples: lm-eval's samples files beside the results, one line a document, with
+    # lm-eval's own documents and hashes
     date = written.stem.removeprefix("results_")
+    logged = lm_evals_logged_samples(["copa", "arc_easy"], limit=4)
     for task in ("copa", "arc_easy"):
         lines = (written.parent / f"samples_{task}_{date}.jsonl").read_text().splitlines()
         samples = [json.loads(line) for line in lines]
         assert [sample["doc_id"] for sample in samples] == [0, 1, 2, 3]
-        assert set(samples[0]) >= {"arguments", "resps", "filtered_resps", "target", "acc"}
+        for sample in samples:
+            expected = logged[task][sample["doc_id"]]
+            assert list(sample) == list(expected)  # lm-eval's keys in its order
+            for key in ("doc", "doc_hash", "prompt_hash", "target_hash", "filter", "metrics"):
+                assert sample[key] == expected[key], (task, key)
         choices = range(len(samples[0]["resps"]))  # arguments keyed as lm-eval keys them
         assert set(samples[0]["arguments"]) == {f"gen_args_{i}" for i in choices}
         accuracy = sum(sample["acc"] for sample in samples) / len(samples)

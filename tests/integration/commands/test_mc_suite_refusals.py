@@ -15,7 +15,7 @@ def test_tango_run_refuses_them_before_any_step_starts(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:
     cases = {
-        "limit=-1": "limit must be 0 (all examples) or positive, got -1",
+        "limit=-1": "or a fraction of each task's below 1 (0.1), got -1",
         "tasks=arc_easy,arc_easy": "-D tasks lists arc_easy more than once",
         "tasks=piqa,copa,arc_eesy": "unknown lm-eval task 'arc_eesy'; did you mean 'arc_easy'",
     }
