@@ -6,9 +6,10 @@ transformers maps every import name to its distributions when it is imported
 H100 host's image 0.7-1.1 s of each process that imports transformers (a scoring command, each
 training worker; ``profile_lm_eval_h100_afe356d.txt``), 0.12 s on the 2-core CPU host.
 :func:`remember_packages_distributions_once` makes the next call (transformers') read the mapping
-from a JSON file named by what it depends on (the Python version and every ``sys.path`` folder
-with its modification time, which changes when a package is installed or removed there), written
-by the first process that computes it; importlib's function is back in place after that call.
+from a JSON file named by what it depends on (the Python version and every ``sys.path`` entry,
+with the modification time of each folder holding package metadata, which changes when a package
+is installed or removed there: :func:`installed_key`), written by the first process that computes
+it; importlib's function is back in place after that call.
 """
 
 from __future__ import annotations
@@ -20,6 +21,11 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
+
+#: The entries of a folder that hold an installed package's metadata.
+METADATA_SUFFIXES = (".dist-info", ".egg-info")
+#: How many maps the cache folder keeps (one per set of installed packages), the newest ones.
+KEPT_MAPS = 8
 
 
 def remember_packages_distributions_once() -> None:
@@ -52,21 +58,37 @@ def packages_distributions(
         partial = kept.with_suffix(f".{os.getpid()}.tmp")
         partial.write_text(json.dumps(mapping), encoding="utf-8")
         os.replace(partial, kept)
+        _remove_old_maps(kept.parent)
     except OSError:  # a read-only home: computed every time, as without the file
         pass
     return mapping
 
 
+def _remove_old_maps(folder: Path) -> None:
+    """Keep the :data:`KEPT_MAPS` newest maps of ``folder`` (environments that come and go
+    leave theirs behind)."""
+    maps = sorted(folder.glob("packages_distributions-*.json"), key=lambda p: p.stat().st_mtime)
+    for old in maps[:-KEPT_MAPS]:
+        old.unlink(missing_ok=True)
+
+
 def installed_key() -> str:
-    """What the installed packages' metadata depends on: the Python version and each
-    ``sys.path`` folder with its modification time (hashed)."""
-    folders: list[tuple[str, int | None]] = []
+    """What the installed packages' metadata depends on: the Python version and each ``sys.path``
+    entry, with its modification time where it is a file or a folder holding package metadata
+    (a ``*.dist-info`` or ``*.egg-info`` entry: installing or removing a package there changes
+    it) — not that of a folder without any, such as a working directory, which changes often
+    (hashed)."""
+    entries: list[tuple[str, int | str | None]] = []
     for entry in sys.path:
+        path = entry or "."
         try:
-            folders.append((entry, os.stat(entry or ".").st_mtime_ns))
+            holds_metadata = not os.path.isdir(path) or any(
+                name.endswith(METADATA_SUFFIXES) for name in os.listdir(path)
+            )
+            entries.append((entry, os.stat(path).st_mtime_ns if holds_metadata else "no metadata"))
         except OSError:
-            folders.append((entry, None))
-    return hashlib.sha256(json.dumps([sys.version, folders]).encode()).hexdigest()[:16]
+            entries.append((entry, None))
+    return hashlib.sha256(json.dumps([sys.version, entries]).encode()).hexdigest()[:16]
 
 
 def cache_dir() -> Path:

@@ -35,11 +35,30 @@ def test_the_map_is_importlibs_and_read_from_the_file_until_a_folder_changes(
     assert package_metadata.packages_distributions(compute) == expected and calls == [1]
     assert package_metadata.packages_distributions(compute) == expected and calls == [1]
     (folder := tmp_path / "site").mkdir()
-    monkeypatch.setattr(sys, "path", [*sys.path, str(folder)])
+    (folder / "package-1.0.dist-info").mkdir()
+    (workdir := tmp_path / "workdir").mkdir()
+    monkeypatch.setattr(sys, "path", [*sys.path, str(folder), str(workdir)])
     package_metadata.packages_distributions(compute)
+    os.utime(workdir, ns=(0, 0))  # a folder without package metadata: a file written there
+    package_metadata.packages_distributions(compute)
+    assert calls == [1, 1]
     os.utime(folder, ns=(0, 0))  # a package installed or removed there
     package_metadata.packages_distributions(compute)
     assert calls == [1, 1, 1] and len(list(cache_home.glob("*.json"))) == 3
+
+
+def test_the_newest_maps_are_kept(cache_home: Path) -> None:
+    cache_home.mkdir(parents=True)
+    for age in range(package_metadata.KEPT_MAPS + 2):  # the oldest first
+        stale = cache_home / f"packages_distributions-old{age:02d}.json"
+        stale.write_text("{}")
+        os.utime(stale, ns=(age, age))
+    package_metadata.packages_distributions(dict)
+    kept = sorted(path.name for path in cache_home.glob("*.json"))
+    assert (
+        len(kept) == package_metadata.KEPT_MAPS and "packages_distributions-old00.json" not in kept
+    )
+    assert f"packages_distributions-{package_metadata.installed_key()}.json" in kept
 
 
 def test_a_damaged_file_is_computed_again(cache_home: Path) -> None:
