@@ -2,12 +2,12 @@
 
 * the unique ids of a scoring step (a constructed model) and a train step (a ``Lazy`` model) do
   not depend on Python's hash seed (a pickled model held ``GenerationConfig``'s salted hash);
-* through ``tango run``: ``configs/gpt2_piqa.jsonnet`` (``train_steps=0``) and
-  ``configs/mc_suite.jsonnet`` (local task directories) rerun under another hash seed start no
-  step; another model on the same tasks in the same workspace starts no requests step (nor,
-  with the same tokenizer, a tokens step); after a
-  directory is overwritten in place, exactly the steps that read it run again;
-  PIQA labels flipped in place give the new metrics.
+* through ``tango run``: ``configs/gpt2_piqa.jsonnet`` (``train_steps=0``) rerun under another
+  hash seed starts no step (``configs/mc_suite.jsonnet``'s rerun: ``test_eval_command.py``);
+  on local task directories, another model on the same tasks in the same workspace starts no
+  requests step (nor, with the same tokenizer, a tokens step); after a directory is overwritten
+  in place, exactly the steps that read it run again; PIQA labels flipped in place give the new
+  metrics.
 
 The ids of steps whose files change in place, computed in this process, are
 ``tests/test_caching.py``.
@@ -174,7 +174,7 @@ def test_mc_suite_reruns_start_no_step_until_a_task_directory_changes(
     scores = {"scores_copa", "scores_arc_easy", "metrics"}
     steps = scores | {"requests_copa", "requests_arc_easy", "tokens_copa", "tokens_arc_easy"}
     assert started(tango_run(config, workspace, defines, "1")) == steps
-    assert started(tango_run(config, workspace, defines, "2")) == set()
+    # (The same command again in another process starts no step: test_eval_command.py's rerun.)
     # a second model on the same suite and tokenizer: no request is built or tokenized again
     other = save_tiny_gpt2(tmp_path / "other-model", tokenizer_dir, seed=2, n_positions=256)
     assert started(tango_run(config, workspace, defines | {"model": str(other)}, "3")) == scores
