@@ -57,6 +57,7 @@ def lm_eval_results(
     tracker.total_evaluation_time_seconds = str(time.time() - started)
     results["task_hashes"] = {}
     results.update(asdict(tracker))
+    results.update(scored.get("tokenizer", {}))  # lm-eval's tokenizer fields, as the step saw them
     results.update(environment())
     return results
 

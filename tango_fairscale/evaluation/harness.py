@@ -284,6 +284,20 @@ def summary(results: Mapping[str, Any]) -> dict[str, Any]:
     return flat
 
 
+def tokenizer_fields(model: Any) -> dict[str, Any]:
+    """The tokenizer fields lm-eval's results JSON holds (``add_tokenizer_info``), of the model
+    (a :class:`~tango_fairscale.model.causal_lm.ModelWrapper`) that scored: its special tokens
+    as ``[token, "id"]``, the end-of-text id and the longest input."""
+    tokenizer = model.tokenizer
+    return {
+        "tokenizer_pad_token": [tokenizer.pad_token, str(tokenizer.pad_token_id)],
+        "tokenizer_eos_token": [tokenizer.eos_token, str(tokenizer.eos_token_id)],
+        "tokenizer_bos_token": [tokenizer.bos_token, str(tokenizer.bos_token_id)],
+        "eot_token_id": tokenizer.eos_token_id,
+        "max_length": model.max_length,
+    }
+
+
 def json_safe(value: Any) -> Any:
     """``value`` with numpy scalars, tuples and non-finite floats made JSON's (NaN → ``None``)."""
     # The plain types first: a suite's samples hold millions of them (Mapping's ABC check is slow).

@@ -26,7 +26,7 @@ from ..tasks.restoring import check_requests, use_requests
 from ..tasks.tokens import checked_pairs, known_queries
 from .call import EvalOptions, GenerationSettings, ModelCall
 from .evaluator import Evaluator
-from .harness import merge, summary
+from .harness import merge, summary, tokenizer_fields
 from .lm import scoring_precision
 from .scoring import default_device
 from .shared_model import ModelSource, evaluation_model
@@ -85,9 +85,11 @@ class TaskScoresStep(Step[dict]):
     ``acc_stderr,none``, ``groups``, ``n-samples``, ``n-shot``, ``versions``, ...) and its
     ``samples``: per document its requests (``arguments``), their answers (``resps``:
     ``(log-likelihood, greedy)``, or the generated text), the filtered answers and metric values;
-    ``truncated_continuations``: how many continuations were longer than the model's window and
-    scored on their last tokens only (lm-eval's HF backend refuses them; a warning says so), and,
-    when ``strict: false`` left documents out, ``skipped_documents`` (``{task: count}``).
+    ``config``: the precision, the device and (``tokenizer``) lm-eval's tokenizer fields of the
+    model that scored (:func:`~.harness.tokenizer_fields`); ``truncated_continuations``: how many
+    continuations were longer than the model's window and scored on their last tokens only
+    (lm-eval's HF backend refuses them; a warning says so), and, when ``strict: false`` left
+    documents out, ``skipped_documents`` (``{task: count}``).
 
     Example (Jsonnet)::
 
@@ -95,7 +97,7 @@ class TaskScoresStep(Step[dict]):
                    task: {name: "arc_easy", num_fewshot: 2}}
     """
 
-    VERSION = "003"  # 002: log-likelihoods summed in float64; 003: lm-eval's task configs
+    VERSION = "004"  # 002: float64 sums; 003: lm-eval's task configs; 004: tokenizer fields
     DETERMINISTIC = True
     CACHEABLE = True
     FORMAT = JsonDataFormat()
@@ -186,7 +188,11 @@ class TaskScoresStep(Step[dict]):
             evaluator.lm.take_queries(known_queries(tokens, pairs, scorer.max_length))
         with scoring_precision(scorer, resolved):
             scores = evaluator.evaluate(task, loaded, bootstrap_iters)
-        scores["config"] = {"precision": resolved.name, "device": device.type}
+        scores["config"] = {
+            "precision": resolved.name,
+            "device": device.type,
+            "tokenizer": tokenizer_fields(scorer),
+        }
         scores["truncated_continuations"] = evaluator.lm.truncated_continuations
         return scores
 

@@ -56,3 +56,17 @@ def test_an_evaluation_gives_each_task_back_its_own_process_results() -> None:
     del task.process_results
     evaluate_task(LengthLM(), spec, loaded)
     assert "process_results" not in task.__dict__  # the class's again
+
+
+def test_the_tokenizer_fields_are_lm_evals_of_its_hf_backend(hflm) -> None:
+    """The fields lm-eval's ``add_tokenizer_info`` writes for its HF backend over the same model
+    directory (GPT-2's tokenizer: no pad token of its own)."""
+    from lm_eval.loggers.utils import add_tokenizer_info
+
+    from tango_fairscale.evaluation.harness import tokenizer_fields
+    from tango_fairscale.model.causal_lm import ModelWrapper
+
+    expected: dict = {}
+    add_tokenizer_info(expected, hflm)
+    model = ModelWrapper(model=hflm.tokenizer.name_or_path)
+    assert expected["max_length"] and tokenizer_fields(model) == expected

@@ -82,6 +82,8 @@ def test_eval_is_mc_suite_with_lm_eval_output(tmp_path: Path, tokenizer_dir: Pat
     assert results["configs"]["copa"]["task"] == "copa"  # lm-eval's task configs
     assert results["lm_eval_version"] == "0.4.13" and results["transformers_version"] >= "5"
     assert results["model_name"] == str(model) and results["n-samples"]["copa"]["effective"] == 4
+    assert results["max_length"] == 256  # lm-eval's tokenizer fields, as the scores steps saw them
+    assert results["tokenizer_pad_token"][1] == str(results["eot_token_id"])
     # --log_samples: lm-eval's samples files beside the results, one line a document, with
     # lm-eval's own documents and hashes
     date = written.stem.removeprefix("results_")
