@@ -83,12 +83,11 @@ EARLIER: dict[str, dict[str, str | None]] = {
         "attention's plan per new length up to 1.2 s; the main job 55.0 s as a machine's third "
         "command",
     },
-    "profile_lm_eval_h100_afe356d": {
+    "profile_lm_eval_h100_a5e020c": {
         "suite": "profile-lm-eval",
-        "figure": "analysis (H100, py-spy and torch.profiler): scoring passes' kernels 1.35 s "
-        "(HellaSwag) and 0.89 s (MMLU); a second model's load 5.7 s under the profiler, mostly "
-        "transformers' imports (importlib's packages_distributions 1.1 s); lm-eval's task "
-        "loading 2.1 s",
+        "figure": "analysis (H100, py-spy and torch.profiler): scoring passes' kernels 1.36 s "
+        "(HellaSwag) and 0.89 s (MMLU); a second model's load 4.6 s under the profiler, mostly "
+        "transformers' imports (~2.8 s; the package scan gone); lm-eval's task loading 1.6 s",
     },
     "warm_up_ab_h100_49cff88": {
         "suite": None,
