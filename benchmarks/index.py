@@ -139,6 +139,7 @@ EARLIER: dict[str, dict[str, str | None]] = {
     "train_speed_pipe_h200x2": {"suite": "pipe"},
     "multinode_h200x2": {"suite": "multinode"},
     "e2e_tango_run_h200": {"suite": "e2e"},
+    "e2e_tango_run_h100_05a98eb": {"suite": "e2e"},
     "e2e_tango_run_h200x2": {"suite": "e2e"},
     "mfu_h200": {
         "suite": None,
