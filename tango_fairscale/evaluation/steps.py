@@ -188,11 +188,8 @@ class TaskScoresStep(Step[dict]):
             evaluator.lm.take_queries(known_queries(tokens, pairs, scorer.max_length))
         with scoring_precision(scorer, resolved):
             scores = evaluator.evaluate(task, loaded, bootstrap_iters)
-        scores["config"] = {
-            "precision": resolved.name,
-            "device": device.type,
-            "tokenizer": tokenizer_fields(scorer),
-        }
+        config = {"precision": resolved.name, "device": device.type}
+        scores["config"] = config | {"tokenizer": tokenizer_fields(scorer)}
         scores["truncated_continuations"] = evaluator.lm.truncated_continuations
         return scores
 
