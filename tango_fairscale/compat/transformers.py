@@ -18,13 +18,18 @@ still imports it where a metric needs it (``f1``, ``mcc``). Until transformers i
 waits for the first import of a module that reads the answer at import (:data:`SKLEARN_READERS`),
 so that a process that never uses transformers (a ``tango run`` with every step cached) does not
 import it (~0.6 s on 2 cores) for the fix. The same hook answers transformers' map of installed
-packages from a file (:mod:`.package_metadata`) as :data:`DISTRIBUTIONS_READER` is imported.
+packages from a file (:mod:`.package_metadata`) as :data:`DISTRIBUTIONS_READER` is imported, and
+lets transformers' loss functions (:data:`SCIPY_READER`, imported by its modeling code) find
+scipy absent while they are imported: they import its optimizer (0.4-0.85 s a process, measured
+on an H100's host: ``profile_lm_eval_h100_a5e020c.txt``) for object-detection models' losses,
+which the package never trains; scipy itself is not hidden from anything else.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib.abc
+import importlib.machinery
 import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -35,6 +40,9 @@ from .package_metadata import remember_packages_distributions_once
 SKLEARN_READERS = ("transformers.generation.candidate_generator", "transformers.data.metrics")
 #: transformers' module that maps every import name to its distributions at its import.
 DISTRIBUTIONS_READER = "transformers.utils.import_utils"
+#: transformers' module whose import imports its object-detection losses, which import scipy's
+#: optimizer when scipy is installed.
+SCIPY_READER = "transformers.loss.loss_utils"
 
 
 class _BeforeTransformersReads(importlib.abc.MetaPathFinder):
@@ -44,12 +52,56 @@ class _BeforeTransformersReads(importlib.abc.MetaPathFinder):
     :data:`DISTRIBUTIONS_READER`; finds nothing itself. It stays in ``sys.meta_path``: the
     import system is iterating that list."""
 
-    def find_spec(self, fullname: str, path: Sequence[str] | None, target: Any = None) -> None:
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: Any = None
+    ) -> importlib.machinery.ModuleSpec | None:
         if fullname == DISTRIBUTIONS_READER:
             remember_packages_distributions_once()
         if fullname in SKLEARN_READERS:
             skip_sklearn_import()
+        if fullname == SCIPY_READER:
+            return _imported_without_scipy(fullname, path)
         return None
+
+
+def _imported_without_scipy(
+    fullname: str, path: Sequence[str] | None
+) -> importlib.machinery.ModuleSpec | None:
+    """The spec the import system would find for ``fullname``, its loader run with transformers'
+    ``is_scipy_available`` answering ``False``."""
+    spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+    if spec is None or spec.loader is None:
+        return spec
+    spec.loader = _WithoutScipy(spec.loader)
+    return spec
+
+
+class _WithoutScipy(importlib.abc.Loader):
+    """A module's own loader, its module executed while ``transformers.utils`` says scipy is
+    absent (what its imports bind then); anything else is the loader's own."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.loader, name)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> Any:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        import transformers.utils as utils
+
+        available = utils.is_scipy_available
+        utils.is_scipy_available = _absent  # type: ignore[assignment]
+        try:
+            self.loader.exec_module(module)
+        finally:
+            utils.is_scipy_available = available  # type: ignore[assignment]
+
+
+def _absent() -> bool:
+    return False
 
 
 def skip_sklearn_import() -> None:
@@ -64,11 +116,8 @@ def skip_sklearn_import() -> None:
     import transformers.utils as utils
     import transformers.utils.import_utils as import_utils
 
-    def absent() -> bool:
-        return False
-
-    utils.is_sklearn_available = absent  # type: ignore[assignment]
-    import_utils.is_sklearn_available = absent  # type: ignore[assignment]
+    utils.is_sklearn_available = _absent  # type: ignore[assignment]
+    import_utils.is_sklearn_available = _absent  # type: ignore[assignment]
 
 
 @contextlib.contextmanager

@@ -26,21 +26,25 @@ def test_packed_sequences_are_not_looked_for_within_the_block() -> None:
 
 
 @pytest.mark.slow  # two fresh interpreters importing transformers: ~15 s on 2 cores
-def test_the_training_code_imports_no_scikit_learn() -> None:
-    """Every component registered and transformers' generation code imported: scikit-learn
-    (transformers imports it for assisted generation only) stays out of the process; without the
-    fix it is there."""
+def test_the_training_code_imports_no_scikit_learn_nor_scipys_optimizer() -> None:
+    """Every component registered and transformers' generation and modeling code imported:
+    scikit-learn (transformers imports it for assisted generation only) stays out of the
+    process, and so does scipy's optimizer (for its object-detection losses), while transformers
+    still finds scipy installed; without the fixes both are there."""
     code = (
         "import sys\n"
         "from tango.common.util import import_module_and_submodules\n"
         "import_module_and_submodules('tango_fairscale')\n"
-        "import transformers.generation.candidate_generator\n"
-        "print(sorted(name for name in sys.modules if name.split('.')[0] == 'sklearn')[:1])\n"
+        "import transformers.generation.candidate_generator, transformers.modeling_utils\n"
+        "from transformers.utils import is_scipy_available\n"
+        "print(sorted(name for name in sys.modules if name.split('.')[0] == 'sklearn')[:1],\n"
+        "      'scipy.optimize' in sys.modules, is_scipy_available())\n"
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert run.stdout.strip() == "[]", run.stdout
+    assert run.stdout.strip() == "[] False True", run.stdout
     control = (
-        "import transformers.generation.candidate_generator, sys; print('sklearn' in sys.modules)"
+        "import transformers.generation.candidate_generator, transformers.modeling_utils, sys\n"
+        "print('sklearn' in sys.modules, 'scipy.optimize' in sys.modules)"
     )
     unfixed = subprocess.run([sys.executable, "-c", control], capture_output=True, text=True)
-    assert unfixed.stdout.strip() == "True", unfixed.stderr[-2000:]
+    assert unfixed.stdout.strip() == "True True", unfixed.stderr[-2000:]
