@@ -49,8 +49,9 @@ class _BeforeTransformersReads(importlib.abc.MetaPathFinder):
     """Applies :func:`skip_sklearn_import` when a module of :data:`SKLEARN_READERS` is about to
     be imported (``transformers.utils`` is imported by then, with its parent packages), and
     :func:`~.package_metadata.remember_packages_distributions_once` before
-    :data:`DISTRIBUTIONS_READER`; finds nothing itself. It stays in ``sys.meta_path``: the
-    import system is iterating that list."""
+    :data:`DISTRIBUTIONS_READER`; finds :data:`SCIPY_READER` as the import system's own path
+    finder does, its loader run without scipy (:func:`_imported_without_scipy`), and nothing
+    else itself. It stays in ``sys.meta_path``: the import system is iterating that list."""
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: Any = None
