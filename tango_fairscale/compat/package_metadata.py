@@ -4,12 +4,12 @@ packages, once, for the import of transformers.
 transformers maps every import name to its distributions when it is imported
 (``transformers.utils.import_utils``), which reads the file list of every installed package: on an
 H100 host's image 0.7-1.1 s of each process that imports transformers (a scoring command, each
-training worker; ``profile_lm_eval_h100_afe356d.txt``), 0.12 s on the 2-core CPU host.
-:func:`remember_packages_distributions_once` makes the next call (transformers') read the mapping
-from a JSON file named by what it depends on (the Python version and every ``sys.path`` entry,
-with the modification time of each folder holding package metadata, which changes when a package
-is installed or removed there: :func:`installed_key`), written by the first process that computes
-it; importlib's function is back in place after that call.
+training worker; the header of ``profile_lm_eval_h100_a5e020c.txt``), 0.12 s on the 2-core CPU
+host. :func:`remember_packages_distributions_once` makes the next call (transformers') read the
+mapping from a JSON file named by what it depends on (the Python version and every ``sys.path``
+entry, with the modification time of each folder holding package metadata, which changes when a
+package is installed or removed there: :func:`installed_key`), written by the first process that
+computes it; importlib's function is back in place after that call.
 """
 
 from __future__ import annotations
