@@ -204,7 +204,7 @@ def _lm_eval_sample(sample: dict[str, Any], task: Any, doc: Any) -> dict[str, An
     the hashes it adds (the first request's context as the prompt)."""
     from lm_eval.utils import hash_string
 
-    from .evaluation.harness import SAMPLE_KEYS
+    from .evaluation.harness import SAMPLE_KEYS, metric_values
     from .tasks.requests import doc_hash
 
     logged = {key: sample[key] for key in SAMPLE_KEYS}
@@ -216,5 +216,5 @@ def _lm_eval_sample(sample: dict[str, Any], task: Any, doc: Any) -> dict[str, An
             "prompt_hash": hash_string(sample["arguments"][0][0]),
             "target_hash": hash_string(str(task.doc_to_target(doc))),
         }
-        | {name: sample[name] for name in sample["metrics"] if name in sample}
+        | metric_values(sample)
     )

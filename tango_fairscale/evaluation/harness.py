@@ -94,7 +94,7 @@ def _logged_samples(output: Mapping[str, Any]) -> dict[str, Any]:
     return {
         task: [
             {key: json_safe(sample[key]) for key in SAMPLE_KEYS if key in sample}
-            | _metric_values(sample)
+            | metric_values(sample)
             for sample in task_samples
         ]
         for task, task_samples in output.get("samples", {}).items()
@@ -240,7 +240,8 @@ def _built_once(task: Any, build: Callable[..., None]) -> Callable[..., None]:
     return build_all_requests
 
 
-def _metric_values(sample: Mapping[str, Any]) -> dict[str, Any]:
+def metric_values(sample: Mapping[str, Any]) -> dict[str, Any]:
+    """A logged sample's metric values (the keys its ``metrics`` names), JSON-safe."""
     return {name: json_safe(sample[name]) for name in sample.get("metrics", []) if name in sample}
 
 
