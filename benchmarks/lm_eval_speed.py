@@ -13,7 +13,10 @@ runs before the :data:`EXTRA_RUNS` of any), timed from
 start to exit, on a GPT-2 124M-shaped model (random weights): the package through ``tango run``
 (``configs/gpt2_piqa.jsonnet -D train_steps=0`` for PIQA as a user evaluates it,
 ``configs/mc_suite.jsonnet`` for the synthetic tasks; a fresh workspace, then a second model of
-the same shape in the same workspace, whose requests come from the cache) and
+the same shape in the same workspace, whose requests come from the cache; then, through
+``tango-fairscale eval``, a third model alone and a fourth and fifth in one command: what a
+checkpoint adds to a command that scores several, the second command's seconds less the
+first's) and
 ``lm_eval --model hf`` in bfloat16 at batch sizes 64, 256 and ``auto`` (and at 256 with
 ``--cache_requests true``: a first model that fills lm-eval's request cache, then the second
 model reading it). Scoring requests/s: requests over the time of the tool's own log-likelihood
@@ -61,7 +64,8 @@ EXTRA_RUNS = {"lm-eval hf bfloat16 auto", "lm-eval hf bfloat16 b64"}
 
 #: Each suite's runs, by priority: (label, tool, lm-eval batch size, model, lm-eval flags).
 #: Model ``second``: another random model of the same shape (the package: in the first run's
-#: workspace, so its requests come from the cache).
+#: workspace, so its requests come from the cache); ``third`` and ``fourth,fifth`` likewise, the
+#: latter two in one ``tango-fairscale eval`` command.
 RUNS: dict[str, list[tuple[str, str, str | None, str, tuple[str, ...]]]] = {
     "synthetic": [
         ("package bf16-mixed", "package", None, "first", ()),
@@ -74,6 +78,8 @@ RUNS: dict[str, list[tuple[str, str, str | None, str, tuple[str, ...]]]] = {
             "second",
             CACHE,
         ),  # fmt: skip
+        ("package eval one model", "package eval", None, "third", ()),
+        ("package eval two models", "package eval", None, "fourth,fifth", ()),
         ("lm-eval hf bfloat16 auto", "lm-eval", "auto", "first", ()),
         ("lm-eval hf bfloat16 b64", "lm-eval", "64", "first", ()),
     ],
@@ -208,7 +214,11 @@ def step_split(workspace: Path, started: datetime.datetime, wall_s: float) -> di
     for run in Workspace.from_url(str(workspace)).registered_runs().values():
         for name, info in run.steps.items():
             if info.start_time and info.end_time and info.start_time >= started:
-                spans[name] = (info.start_time, info.end_time)
+                # a command of several runs (several models): each run's steps by its name
+                spans[name if name not in spans else f"{run.name}/{name}"] = (
+                    info.start_time,
+                    info.end_time,
+                )
     if not spans:
         return {}
     first = min(start for start, _ in spans.values())
@@ -303,6 +313,19 @@ def ratios(runs: list[dict[str, Any]]) -> dict[str, Any]:
                 "lm_eval": theirs["tool"],
                 "goal": goal,
             }
+    one, two = (
+        best("package eval", "third", "command_s"),
+        best("package eval", "fourth,fifth", "command_s"),
+    )
+    theirs = best("lm-eval", "second", "command_s")
+    if one and two and theirs:
+        added = two["command_s"] - one["command_s"]  # a checkpoint more in one command
+        figures["command_checkpoint_in_one_command"] = {
+            "package_s": round(added, 2),
+            "lm_eval_over_package": round(theirs["command_s"] / added, 2) if added > 0 else None,
+            "lm_eval": theirs["tool"],
+            "goal": ">= 10",
+        }
     rate = "scoring_requests_per_s"
     ours, theirs = best("package", "first", rate, False), best("lm-eval", "first", rate, False)
     if ours and theirs:
@@ -343,7 +366,8 @@ def main() -> None:
     # A warm device machine keeps /tmp between calls: a workspace left there would hold the
     # requests, and the "fresh workspace" command would build none.
     shutil.rmtree(args.work, ignore_errors=True)
-    model_dirs = {"first": args.work / "model", "second": args.work / "model2"}
+    names = ("first", "second", "third", "fourth", "fifth")
+    model_dirs = {name: args.work / f"model{i + 1}" for i, name in enumerate(names)}
     for seed, model_dir in enumerate(model_dirs.values()):
         ModelWrapper(config=config, tokenizer=str(args.tokenizer), seed=seed).save(model_dir)
     results: list[dict[str, Any]] = []
@@ -365,10 +389,18 @@ def main() -> None:
         total = sum(requests.values())
         commands = {}
         for label, tool, batch, which, flags in RUNS[suite]:
-            if tool not in args.tools.split(","):
+            if tool.split()[0] not in args.tools.split(","):
                 continue
-            model = model_dirs[which]
-            if tool == "package" and suite == "piqa":
+            model = model_dirs[which.split(",")[0]]
+            if tool == "package eval":
+                models = [str(model_dirs[name]) for name in which.split(",")]
+                workspace = args.work / suite / "ws"
+                command = [sys.executable, "-m", "tango_fairscale", "eval", "--model", *models,
+                           "--tasks", ",".join(tasks), "--task_data_dir", str(root),
+                           "--precision", "bf16-mixed", "--num_fewshot", "0",  # as tango.yml's
+                           "-w", str(workspace)]  # fmt: skip
+                commands[label] = (command, ours_rate, which)
+            elif tool == "package" and suite == "piqa":
                 workspace = args.work / suite / "ws"
                 tango = [sys.executable, "-m", "tango", "--log-level", "info", "run"]
                 command = [*tango, "configs/gpt2_piqa.jsonnet", "-w", str(workspace)]
@@ -405,6 +437,8 @@ def main() -> None:
             command = sampled(command, pyspy, args.pyspy / f"{slug}.txt")
         if args.scoring_profile is not None and label.startswith("package"):
             env = scoring_profiled_env(args.scoring_profile / slug)
+        if label.startswith("package eval"):  # Tango's info log: the scoring passes' lines
+            env = {**(env or os.environ), "TANGO_LOG_LEVEL": "info"}
         seconds, code, output, busy = timed(command, log, min(args.timeout_s, left), env)
         rate = rate_of(output)
         results.append(

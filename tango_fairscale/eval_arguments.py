@@ -70,8 +70,12 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         "-M",
+        dest="models",
+        nargs="+",
         metavar="PATH_OR_ID",
-        help="model directory or hub id; or lm_eval's 'hf' (its default) with --model_args",
+        help="model directory or hub id, or several (checkpoints of a run: each scored in turn "
+        "by this one process, on requests built once); or lm_eval's 'hf' (its default) with "
+        "--model_args",
     )
     parser.add_argument(
         "--model_args",

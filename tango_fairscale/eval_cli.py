@@ -2,7 +2,7 @@
 
 ::
 
-    tango-fairscale eval --model PATH_OR_ID --tasks piqa,arc_easy [--num_fewshot K] [--limit N]
+    tango-fairscale eval --model PATH_OR_ID... --tasks piqa,arc_easy [--num_fewshot K] [--limit N]
         [--seed S] [--include_path DIR] [--gen_kwargs KEY=VALUE...]
         [--precision P] [--batch_size B] [--device DEVICE] [--device_count N] [--engine E]
         [--task_data_dir DIR] [-w WORKSPACE] [--output_path PATH [--log_samples]]
@@ -21,6 +21,12 @@ settings in the same workspace, starts no step. ``--batch_size`` is the scoring 
 task's per-document samples beside it, as ``lm_eval --log_samples`` writes them (lm-eval's own
 ``EvaluationTracker``), from the scores steps and each task's documents, loaded again (the steps
 keep none) for ``doc`` and lm-eval's hashes.
+
+Several models (``--model CKPT1 CKPT2 ...``: the checkpoints of a run) are evaluated in turn in
+this one process, each as its own Tango run (``<run name>-<i>``) with its own table and files:
+the libraries are imported once, the requests are built by the first and read from the cache by
+the others, and each model is released before the next one loads. Every model's refusals come
+before any model's work.
 
 An ``lm_eval`` command line for the Hugging Face backend runs with its program name changed:
 ``--model hf --model_args pretrained=PATH_OR_ID[,dtype=D]`` names the model (``dtype``: float32 is
@@ -41,21 +47,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import secrets
 import sys
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
-from .eval_arguments import (
-    DTYPE_PRECISIONS,
-    LM_EVAL_HF_MODELS,
-    MODEL_ARGS,
-    PRECISIONS,
-    default_workspace,
-)
+from .eval_arguments import default_workspace
+from .eval_options import EvalError, check_chat, take_gen_kwargs, take_model_args, use_device
 from .eval_results import (
     header,
     lm_eval_results,
@@ -70,10 +69,6 @@ from .eval_results import (
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIG = REPO_ROOT / "configs" / "mc_suite.jsonnet"
 SETTINGS = REPO_ROOT / "tango.yml"
-
-
-class EvalError(Exception):
-    """A problem the command reports in one line (exit code 2)."""
 
 
 def run(args: argparse.Namespace, prog: str) -> int:
@@ -92,17 +87,30 @@ def run(args: argparse.Namespace, prog: str) -> int:
     workspace = args.workspace or str(default_workspace())
     if "://" not in workspace:
         workspace = str(Path(workspace).expanduser().resolve())
-    name = f"eval-{datetime.now().strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
-    argv = tango_arguments(args, workspace, name)
     if args.log_samples and not args.output_path:
         raise EvalError("--log_samples needs --output_path: the samples are written beside it")
-    if args.output_path:  # made now: a path that cannot hold the results fails before any work
-        try:
-            results_file(args.output_path, args.model, "DATE").parent.mkdir(
-                parents=True, exist_ok=True
-            )
-        except OSError as error:
-            raise EvalError(f"--output_path {args.output_path}: {error}") from None
+    if args.output_path:
+        check_output_path(args.output_path, args.models)
+    name = f"eval-{datetime.now().strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+    names = [name] if len(args.models) == 1 else [f"{name}-{i}" for i in range(len(args.models))]
+    evaluations = [
+        (one, run_name, tango_arguments(one, workspace, run_name))
+        for one, run_name in zip(per_model(args), names)
+    ]
+    for _, _, argv in evaluations:  # every model's refusals before any model's work
+        check(argv)
+    for one, run_name, argv in evaluations:
+        code = evaluate(one, workspace, run_name, argv, prog)
+        if code != 0:
+            return code
+    return 0
+
+
+def evaluate(
+    args: argparse.Namespace, workspace: str, name: str, argv: list[str], prog: str
+) -> int:
+    """Run the Tango run ``name`` (``tango ARGV``) for ``args.model``, then print its results as
+    lm_eval does and write its files; returns the run's exit code."""
     started = time.time()
     code = _tango(argv)
     if code != 0:
@@ -119,120 +127,41 @@ def run(args: argparse.Namespace, prog: str) -> int:
                 workspace, name, args.tasks, args.output_path, args.model, written_at
             )
             print(f"{prog}: wrote {count} samples files beside it", file=sys.stderr)
+    release_models()
     return 0
 
 
-def take_model_args(args: argparse.Namespace) -> None:
-    """Resolve lm_eval's ``--model hf --model_args pretrained=...,dtype=...`` (``hf``: lm_eval's
-    default) into ``args.model`` and ``args.precision``; refuse (:class:`EvalError`) what the
-    package does not take."""
-    if args.model is None and args.model_args is None:
+def check_output_path(output_path: str, models: list[str]) -> None:
+    """Make the folders ``--output_path`` writes into, so that a path that cannot hold the
+    results fails before any work; refuse (:class:`EvalError`) one file for several models."""
+    if len(models) > 1 and Path(output_path).suffix == ".json":
         raise EvalError(
-            "give the model: --model PATH_OR_ID, or lm_eval's --model_args pretrained=PATH_OR_ID"
+            f"--output_path {output_path} is one file, and {len(models)} models were given: "
+            "give a directory (each model's results go in a folder of its own name)"
         )
-    hf_backend = args.model is None or (
-        args.model in LM_EVAL_HF_MODELS and not Path(args.model).exists()
-    )
-    if args.model_args is None:
-        if hf_backend:
-            raise EvalError(
-                f"--model {args.model} names lm-eval's Hugging Face backend: give the model as "
-                "--model_args pretrained=PATH_OR_ID, or as --model PATH_OR_ID"
-            )
-        return
-    if not hf_backend:
-        raise EvalError(
-            f"--model_args goes with lm_eval's --model hf, not with --model {args.model}: leave "
-            "it out, or pass --model hf --model_args pretrained=PATH_OR_ID"
-        )
-    given = key_values("--model_args", args.model_args)
-    unknown = [key for key in given if key not in MODEL_ARGS]
-    if unknown:
-        raise EvalError(
-            f"--model_args: {', '.join(unknown)} not taken (taken: {', '.join(MODEL_ARGS)})"
-        )
-    if given.get("trust_remote_code"):
-        raise EvalError(
-            "--model_args trust_remote_code=True: models are loaded without running code from "
-            "their files; use a model whose architecture transformers includes"
-        )
-    if not given.get("pretrained"):
-        raise EvalError("--model_args names no model: give pretrained=PATH_OR_ID")
-    args.model = str(given["pretrained"])
-    if "dtype" in given:
-        dtype = str(given["dtype"])
-        precision = DTYPE_PRECISIONS.get(dtype)
-        if precision is None:
-            raise EvalError(
-                f"--model_args dtype={dtype}: take float32, bfloat16 or auto, or --precision "
-                f"({', '.join(PRECISIONS)}; 16-mixed scores float16 under autocast)"
-            )
-        if args.precision not in (None, precision):
-            raise EvalError(
-                f"--model_args dtype={dtype} is --precision {precision}, and --precision "
-                f"{args.precision} was given: give one of them"
-            )
-        args.precision = precision
+    for model in models:
+        try:
+            results_file(output_path, model, "DATE").parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise EvalError(f"--output_path {output_path}: {error}") from None
 
 
-def take_gen_kwargs(args: argparse.Namespace) -> None:
-    """Resolve lm_eval's ``--gen_kwargs`` values into a dict (``None`` without them); refuse
-    (:class:`EvalError`) what lm_eval cannot read."""
-    if args.gen_kwargs is not None:
-        args.gen_kwargs = key_values("--gen_kwargs", args.gen_kwargs) or None
+def per_model(args: argparse.Namespace) -> list[argparse.Namespace]:
+    """The command's settings once for each model of ``args.models``, as ``model``."""
+    return [argparse.Namespace(**{**vars(args), "model": model}) for model in args.models]
 
 
-def check_chat(args: argparse.Namespace) -> None:
-    """Refuse (:class:`EvalError`) chat settings the package does not take: a chat template by
-    name (the tokenizer's default one is used), few-shot turns without a chat template (as
-    lm_eval refuses them)."""
-    if args.apply_chat_template not in (True, False):
-        raise EvalError(
-            f"--apply_chat_template {args.apply_chat_template}: templates are not chosen by name "
-            "here (the tokenizer's default one is used); leave the name out"
-        )
-    if args.fewshot_as_multiturn and not args.apply_chat_template:
-        raise EvalError("--fewshot_as_multiturn needs --apply_chat_template (turns of a chat)")
+def release_models() -> None:
+    """Free what the last run's model held before the next one loads: its steps are gone, so
+    a collection releases the shared model (:mod:`~tango_fairscale.evaluation.shared_model`)
+    and the device's cache gives its memory back."""
+    import gc
 
-
-def key_values(option: str, values: list[str]) -> dict[str, Any]:
-    """A dict option's values as ``lm_eval`` reads them (its ``MergeDictAction``, lm-eval's own
-    functions): one JSON object, or ``key=value`` items, comma-separated or apart, each value a
-    Python literal where it is one (``until=["\\n"]``); refused (:class:`EvalError`) otherwise."""
-    from lm_eval._cli.utils import key_val_to_dict, try_parse_json
-
-    try:
-        first = try_parse_json(values[0])
-        if isinstance(first, dict):
-            return first
-        merged: dict[str, Any] = {}
-        for value in values:
-            merged.update(key_val_to_dict(value))
-    except ValueError as error:
-        raise EvalError(f"{option}: {error}") from None  # lm-eval's messages are one line
-    return merged
-
-
-def use_device(device: str) -> None:
-    """Make ``device`` (``cpu``, ``cuda`` or ``cuda:N``) the one scoring runs on, through
-    ``CUDA_VISIBLE_DEVICES`` (so call before CUDA starts: this process's scoring and any worker
-    it spawns see it); refuse (:class:`EvalError`) a GPU that is not there."""
-    if device == "cpu":
-        os.environ["CUDA_VISIBLE_DEVICES"] = ""
-        return
-    index = int(device.partition(":")[2] or 0)
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        listed = [item.strip() for item in visible.split(",") if item.strip()]
-        chosen = listed[index] if index < len(listed) else None
-    else:
-        chosen = str(index)
     import torch
 
-    if chosen is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = chosen
-    if chosen is None or not torch.cuda.is_available():
-        raise EvalError(f"--device {device}: this machine has no such GPU visible")
+    gc.collect()
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def tango_arguments(args: argparse.Namespace, workspace: str, name: str) -> list[str]:
@@ -275,14 +204,16 @@ def tango_arguments(args: argparse.Namespace, workspace: str, name: str) -> list
 
 
 def _tango(argv: list[str]) -> int:
-    """``tango ARGV`` in this process, after what it would refuse before any step is refused
-    here in one line (:func:`check`)."""
+    """``tango ARGV`` in this process (after :func:`check` has passed it), once or again."""
+    import multiprocessing
+
     from tango.__main__ import main as tango_main
 
     from .runtime.collector import collect_less
 
-    check(argv)
     collect_less()  # as in ``tango run``'s own process
+    # Tango sets the start method as it starts, which a second run in one process may not do.
+    multiprocessing.set_start_method(None, force=True)
     try:
         # Tango's log and step table go where lm_eval's logs go: stdout is the results' alone.
         with contextlib.redirect_stdout(sys.stderr):

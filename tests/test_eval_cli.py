@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from tango_fairscale.cli import main
-from tango_fairscale.eval_cli import tango_arguments
+from tango_fairscale.eval_cli import per_model, tango_arguments
 from tango_fairscale.eval_results import new_date_id, write_results
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -28,9 +28,18 @@ FIXTURES = REPO_ROOT / "tests" / "fixtures" / "tasks"
 
 
 def eval_args(*args: str) -> argparse.Namespace:
+    """The parsed ``eval`` arguments of one model: its settings as :func:`tango_arguments` reads
+    them (``--model_args`` not yet resolved)."""
     from tango_fairscale.cli import build_parser
 
-    return build_parser().parse_args(["eval", *args])
+    parsed = build_parser().parse_args(["eval", *args])
+    return argparse.Namespace(**vars(parsed), model=(parsed.models or [None])[0])
+
+
+def one_model(args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` once its ``--model_args`` are resolved: the settings of its one model."""
+    (model,) = per_model(args)
+    return model
 
 
 def assert_one_line_error(code: int, err: str, fragment: str) -> None:
@@ -78,6 +87,19 @@ def test_an_output_path_that_cannot_be_written_is_refused_before_any_work(
     assert not workspace.exists()
 
 
+def test_every_models_refusals_come_before_any_models_work(
+    tmp_path: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    workspace = tmp_path / "workspace"
+    settings = ["--tasks", "copa", "--task_data_dir", str(FIXTURES), "-w", str(workspace)]
+    code = main(["eval", "--model", str(tiny_model_dir), "/no/such/model", *settings])
+    assert_one_line_error(code, capsys.readouterr().err, "cannot load model from path '/no/such")
+    assert not workspace.exists()  # the first model was not evaluated either
+    code = main(["eval", "-M", "a", "b", *settings, "--output_path", str(tmp_path / "r.json")])
+    fragment = f"--output_path {tmp_path}/r.json is one file, and 2 models were given: give a"
+    assert_one_line_error(code, capsys.readouterr().err, fragment)
+
+
 def test_log_samples_without_an_output_path_is_refused_before_any_work(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -123,7 +145,7 @@ def test_the_tango_command_line_is_mc_suite_with_its_variables() -> None:
 def test_lm_evals_gen_kwargs_become_a_json_object() -> None:
     """``--gen_kwargs`` in lm_eval's forms (``k=v,k2=[...]``, apart, or JSON): one JSON object in
     ``-D gen_kwargs``, the values read as lm_eval reads them."""
-    from tango_fairscale.eval_cli import take_gen_kwargs
+    from tango_fairscale.eval_options import take_gen_kwargs
 
     expected = {"max_gen_toks": 64, "until": ["Q:", "A:"], "do_sample": False}
     for given in (
@@ -141,7 +163,7 @@ def test_lm_evals_gen_kwargs_become_a_json_object() -> None:
 def test_lm_evals_hf_command_line_names_the_model_its_dtype_and_batch_size() -> None:
     """``lm_eval --model hf --model_args pretrained=...,dtype=... --batch_size auto`` with the
     program name changed: the same config variables as ``--model PATH --precision P``."""
-    from tango_fairscale.eval_cli import take_model_args
+    from tango_fairscale.eval_options import take_model_args
 
     model_args = ["--model", "hf", "--model_args", "pretrained=/m,dtype=bfloat16"]
     for batch_size in ("auto", "auto:4"):
@@ -149,7 +171,7 @@ def test_lm_evals_hf_command_line_names_the_model_its_dtype_and_batch_size() -> 
         assert args.batch_size is None  # the package's default batches
     take_model_args(args)
     plain = eval_args("--model", "/m", "--tasks", "copa", "--precision", "bf16-true")
-    assert tango_arguments(args, "/ws", "x") == tango_arguments(plain, "/ws", "x")
+    assert tango_arguments(one_model(args), "/ws", "x") == tango_arguments(plain, "/ws", "x")
     # lm_eval's other spellings: space-separated or JSON model arguments, hf as the default
     # model, tasks separated by spaces, its short options.
     for spelling in (
@@ -158,7 +180,7 @@ def test_lm_evals_hf_command_line_names_the_model_its_dtype_and_batch_size() -> 
     ):
         args = eval_args(*spelling)
         take_model_args(args)
-        assert tango_arguments(args, "/ws", "x") == tango_arguments(plain, "/ws", "x")
+        assert tango_arguments(one_model(args), "/ws", "x") == tango_arguments(plain, "/ws", "x")
     assert eval_args("--model", "m", "--tasks", "copa", "arc_easy,piqa").tasks == [
         "copa",
         "arc_easy",
@@ -176,7 +198,7 @@ def test_lm_evals_hf_command_line_names_the_model_its_dtype_and_batch_size() -> 
     for dtype, precision in (("float32", "32-true"), ("auto", "auto")):
         args = eval_args(*model_args[:3], f"pretrained=/m,dtype={dtype}", "--tasks", "copa")
         take_model_args(args)
-        assert (args.model, args.precision) == ("/m", precision)
+        assert (args.models, args.precision) == (["/m"], precision)
 
 
 @pytest.mark.parametrize(
@@ -230,7 +252,7 @@ def test_the_device_is_chosen_through_cuda_visible_devices(
     line where there is none (this machine: no GPU at all)."""
     import torch
 
-    from tango_fairscale.eval_cli import EvalError, use_device
+    from tango_fairscale.eval_options import EvalError, use_device
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     use_device("cpu")
@@ -252,7 +274,7 @@ def test_device_cuda_n_leaves_that_gpu_alone_visible() -> None:
     count = torch.cuda.device_count()
     script = (
         "import torch\n"
-        "from tango_fairscale.eval_cli import EvalError, use_device\n"
+        "from tango_fairscale.eval_options import EvalError, use_device\n"
         "try:\n"
         "    use_device(DEVICE)\n"
         "except EvalError as error:\n"

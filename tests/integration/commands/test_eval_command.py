@@ -1,6 +1,6 @@
-"""``tango-fairscale eval`` as a command on two fixture tasks (two commands, ~10 s each), given
-as lm_eval's command line for its Hugging Face backend. Its arguments and results file are
-``tests/test_eval_cli.py``."""
+"""``tango-fairscale eval`` as a command on two fixture tasks and two models (two commands, ~10 s
+each). Its arguments (lm_eval's command line for its Hugging Face backend among them) and results
+file are ``tests/test_eval_cli.py``."""
 
 from __future__ import annotations
 
@@ -55,29 +55,37 @@ def test_eval_is_mc_suite_with_lm_eval_output(tmp_path: Path, tokenizer_dir: Pat
     from tango import Workspace
 
     model = save_tiny_gpt2(tmp_path / "model", tokenizer_dir, n_positions=256)
+    checkpoint = save_tiny_gpt2(tmp_path / "checkpoint", tokenizer_dir, seed=2, n_positions=256)
     workspace, out = tmp_path / "workspace", tmp_path / "out"
     settings = ["--tasks", "copa,arc_easy", "--limit", "4", "--task_data_dir", str(FIXTURES)]
-    # lm_eval's own command line for its Hugging Face backend, the program name changed.
-    lm_eval_form = ["--model", "hf", "--model_args", f"pretrained={model},dtype=float32"]
-    lm_eval_form += ["--batch_size", "auto", "--device", "cpu"]
-    command = [sys.executable, "-m", "tango_fairscale", "eval", *lm_eval_form, *settings]
-    done = run_command(command + ["-w", str(workspace), "--output_path", str(out), "-s"])
+    settings += ["--precision", "32-true", "--batch_size", "auto", "--device", "cpu"]
+    # two models in one command: each scored in turn, on requests built once
+    command = [sys.executable, "-m", "tango_fairscale", "eval", "--model", str(model)]
+    command += [str(checkpoint), *settings, "-w", str(workspace), "--output_path", str(out), "-s"]
+    done = run_command(command)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]
     # stdout holds lm_eval's header and table alone (Tango's log goes to stderr, as lm_eval's)
     header = f"tango_fairscale ({ {'pretrained': str(model)} }), gen_kwargs: ({{}}), limit: 4.0"
     assert done.stdout.startswith(header) and "Starting step" in done.stderr, done.stdout[:2000]
-    rows = [line for line in output.splitlines() if line.startswith("|")]
+    assert f"\ntango_fairscale ({ {'pretrained': str(checkpoint)} })" in done.stdout
+    rows = [line for line in done.stdout.splitlines() if line.startswith("|")]
     cells = [[cell.strip() for cell in row.split("|")[1:-1]] for row in rows]
     assert cells[0][:5] == ["Tasks", "Version", "Filter", "n-shot", "Metric"]
     assert {row[0] for row in cells[2:]} >= {"copa", "arc_easy"}
-    assert output.count("Loading weights: 100%") == 1  # transformers' bar: one load, two tasks
-    assert len(re.findall(r"^loaded .* shared by this command", output, re.MULTILINE)) == 1
+    assert [row[0] for row in cells].count("Tasks") == 2  # a table for each model
+    assert output.count("Loading weights: 100%") == 2  # transformers' bar: one load a model
+    assert len(re.findall(r"^loaded .* shared by this command", output, re.MULTILINE)) == 2
+    for task in ("copa", "arc_easy"):  # the requests built once, scored by each model
+        assert output.count(f'Starting step "requests_{task}"') == 1
+        assert output.count(f'Starting step "scores_{task}"') == 2
 
-    (written,) = out.glob("*/results_*.json")
-    assert written.parent.name == str(model).replace("/", "__")
+    (written,) = out.glob(f"{str(model).replace('/', '__')}/results_*.json")
+    (other,) = out.glob(f"{str(checkpoint).replace('/', '__')}/results_*.json")
+    assert json.loads(other.read_text())["model_name"] == str(checkpoint)
     results = json.loads(written.read_text())
     assert results["config"]["model_args"] == {"pretrained": str(model)}  # as lm-eval types it
+    assert results["config"]["precision"] == "32-true"
     assert results["config"]["limit"] == 4.0 and "groups" not in results
     assert results["configs"]["copa"]["task"] == "copa"  # lm-eval's task configs
     assert results["lm_eval_version"] == "0.4.13" and results["transformers_version"] >= "5"
@@ -103,7 +111,7 @@ def test_eval_is_mc_suite_with_lm_eval_output(tmp_path: Path, tokenizer_dir: Pat
         assert accuracy == results["results"][task]["acc,none"]
 
     defines = {"model": model, "tasks": "copa,arc_easy", "limit": 4, "task_data_dir": FIXTURES}
-    defines["precision"] = "32-true"  # dtype=float32
+    defines["precision"] = "32-true"
     defines["num_fewshot"] = ""  # no --num_fewshot: each task's own, as lm_eval
     tango = [sys.executable, "-m", "tango", "run", "configs/mc_suite.jsonnet", "-w", str(workspace)]
     tango += ["-n", "plain"] + [f"-D{name}={value}" for name, value in defines.items()]
