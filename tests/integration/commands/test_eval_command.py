@@ -122,3 +122,35 @@ def test_eval_is_mc_suite_with_lm_eval_output(tmp_path: Path, tokenizer_dir: Pat
     metrics = Workspace.from_url(str(workspace)).step_result_for_run("plain", "metrics")
     for key in ("results", "n-samples", "n-shot", "versions", "higher_is_better", "configs"):
         assert metrics["lm_eval"][key] == results[key]
+
+
+@pytest.mark.slow  # one command, ~8 s
+def test_each_model_is_freed_before_the_next_one_loads(tmp_path: Path, tokenizer_dir: Path) -> None:
+    """``eval --model A B`` in one process: after each model's run no loaded model is left
+    (``shared_model``'s table of loaded models, counted as the command frees them)."""
+    from conftest import save_tiny_gpt2
+
+    models = [save_tiny_gpt2(tmp_path / f"m{seed}", tokenizer_dir, seed=seed) for seed in (1, 2)]
+    arguments = ["eval", "--model", *map(str, models), "--tasks", "copa", "--limit", "2"]
+    arguments += ["--task_data_dir", str(FIXTURES), "--device", "cpu", "-w", str(tmp_path / "w")]
+    script = (
+        "import sys\n"
+        "from tango_fairscale import eval_cli\n"
+        "from tango_fairscale.cli import main\n"
+        "from tango_fairscale.evaluation import shared_model\n"
+        "release = eval_cli.release_models\n"
+        "def counted():\n"
+        "    release()\n"
+        "    print('models left loaded:', len(shared_model._LOADED), file=sys.stderr)\n"
+        "eval_cli.release_models = counted\n"
+        f"sys.exit(main({arguments!r}))\n"
+    )
+    done = run_command([sys.executable, "-c", script])
+    assert done.returncode == 0, done.stderr[-4000:]
+    lines = [line for line in done.stderr.splitlines() if line.startswith(("loaded", "models"))]
+    assert [line.split(" on ")[0] for line in lines] == [
+        f"loaded {models[0]}",
+        "models left loaded: 0",
+        f"loaded {models[1]}",
+        "models left loaded: 0",
+    ]
