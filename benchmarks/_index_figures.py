@@ -137,6 +137,10 @@ def _lm_eval_ratio(suite: str, ratio: dict[str, Any]) -> str:
         "scoring": ("scoring", "package_over_lm_eval"),
         "command_first_model": ("command", "lm_eval_over_package"),
         "command_second_model": ("second model's command", "lm_eval_over_package"),
+        "command_checkpoint_in_one_command": (
+            "a checkpoint more in one command",
+            "lm_eval_over_package",
+        ),
     }
     shown = [
         f"{names[key][0]} {figure[names[key][1]]:.2f}x (goal {figure['goal']})"

@@ -36,7 +36,7 @@
 #@ max-model | 1 | 540 | largest model that trains 10 steps: >= 6B on one H200, >= 12B on two
 #@ pipe | 2 | 300 | pipe engine over two GPUs against one: throughput, memory per device, the bubble
 #@ multinode | 2 | 540 | two torchrun "nodes" end bit-identical to the single-node run (fsdp2, hybrid_shard, fairscale)
-#@ lm-eval | 1 | 400 | the whole command <= 1/4 of lm-eval hf bf16 at its best batch size (64, 256, auto), a second model <= 1/10 of lm-eval's --cache_requests rerun, scoring >= 3x with the GPU busy >= 70 % of it; PIQA eval-only through tango run
+#@ lm-eval | 1 | 520 | the whole command <= 1/4 of lm-eval hf bf16 at its best batch size (64, 256, auto), a second model <= 1/10 of lm-eval's --cache_requests rerun (a command of its own; a checkpoint more in one tango-fairscale eval command), scoring >= 3x with the GPU busy >= 70 % of it; PIQA eval-only through tango run
 #@ profile-lm-eval | 1 | 240 | where the package's evaluation commands spend their wall time: the synthetic suite (a fresh workspace, then a second model) and PIQA eval-only, each command sampled by py-spy (needs its wheel in .whl/), each scoring pass under torch.profiler
 #@ generation | 1 | 420 | the package's generate_until >= 3x lm-eval's HF backend (generated tokens/s, bf16), GSM8K-shaped: 2,000 prompts x 256 new tokens; whole commands
 #@ scoring-events | 1 | 90 | where the GPU idles in the package's own scoring passes: the synthetic suite's package commands (fresh workspace, second model), each pass timed forward by forward with CUDA events, its kernel-busy share by the kernels' own timestamps (profile_hook/scoring_events.py)
