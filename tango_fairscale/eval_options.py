@@ -34,6 +34,9 @@ def take_model_args(args: argparse.Namespace) -> None:
                 f"--model {models[0]} names lm-eval's Hugging Face backend: give the model as "
                 "--model_args pretrained=PATH_OR_ID, or as --model PATH_OR_ID"
             )
+        repeated = sorted({model for model in models if models.count(model) > 1})
+        if repeated:
+            raise EvalError(f"--model lists {repeated[0]} more than once; list each model once")
         return
     if not hf_backend:
         raise EvalError(

@@ -205,6 +205,7 @@ def test_lm_evals_hf_command_line_names_the_model_its_dtype_and_batch_size() -> 
     ("option", "fragment"),
     [
         (["--model", "hf"], "--model hf names lm-eval's Hugging Face backend: give the model as"),
+        (["-M", "a", "b", "a"], "--model lists a more than once; list each model once"),
         ([], "give the model: --model PATH_OR_ID, or lm_eval's --model_args pretrained="),
         (
             ["--model_args", "{'pretrained': 1}"],
