@@ -18,8 +18,9 @@ class EvalError(Exception):
 
 def take_model_args(args: argparse.Namespace) -> None:
     """Resolve lm_eval's ``--model hf --model_args pretrained=...,dtype=...`` (``hf``: lm_eval's
-    default) into ``args.models`` (one model) and ``args.precision``; refuse
-    (:class:`EvalError`) what the package does not take."""
+    default) into ``args.models`` (one model) and ``args.precision``; ``--model PATH...`` stays
+    as given. Refuse (:class:`EvalError`) what the package does not take, a model listed twice
+    among them."""
     models = args.models or []
     if not models and args.model_args is None:
         raise EvalError(
