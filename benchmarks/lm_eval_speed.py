@@ -210,15 +210,20 @@ def step_split(workspace: Path, started: datetime.datetime, wall_s: float) -> di
     (from its step records), and the command's seconds before the first and after the last."""
     from tango import Workspace
 
-    spans = {}
-    for run in Workspace.from_url(str(workspace)).registered_runs().values():
-        for name, info in run.steps.items():
-            if info.start_time and info.end_time and info.start_time >= started:
-                # a command of several runs (several models): each run's steps by its name
-                spans[name if name not in spans else f"{run.name}/{name}"] = (
-                    info.start_time,
-                    info.end_time,
-                )
+    ran = {  # the command's runs: several where it scored several models
+        run.name: {
+            name: (info.start_time, info.end_time)
+            for name, info in run.steps.items()
+            if info.start_time and info.end_time and info.start_time >= started
+        }
+        for run in Workspace.from_url(str(workspace)).registered_runs().values()
+    }
+    ran = {run: steps for run, steps in ran.items() if steps}
+    spans = {
+        name if len(ran) == 1 else f"{run}/{name}": span
+        for run, steps in ran.items()
+        for name, span in steps.items()
+    }
     if not spans:
         return {}
     first = min(start for start, _ in spans.values())
@@ -391,9 +396,9 @@ def main() -> None:
         for label, tool, batch, which, flags in RUNS[suite]:
             if tool.split()[0] not in args.tools.split(","):
                 continue
-            model = model_dirs[which.split(",")[0]]
+            models = [str(model_dirs[name]) for name in which.split(",")]
+            model = models[0]
             if tool == "package eval":
-                models = [str(model_dirs[name]) for name in which.split(",")]
                 workspace = args.work / suite / "ws"
                 command = [sys.executable, "-m", "tango_fairscale", "eval", "--model", *models,
                            "--tasks", ",".join(tasks), "--task_data_dir", str(root),
