@@ -250,7 +250,7 @@ def check(argv: list[str]) -> None:
         steps = params.pop("steps")
         import_module_and_submodules("tango_fairscale")  # tango.yml's include_package
         StepGraph.from_params(steps.duplicate())  # loads no model (see evaluation.shared_model)
-        check_inputs(steps.as_dict(quiet=True))
+        check_inputs(steps.as_dict(quiet=True), model_flag="--model DIR")
         check_workspace_writable(run.workspace)
     except Exception as error:  # noqa: BLE001  (an unexpected one is raised again)
         brief = brief_message(error)

@@ -31,10 +31,13 @@ _PIQA = "tango_fairscale::piqa"
 _TASK_FIELDS = ("task", "validate_tasks")
 
 
-def check_inputs(steps: dict[str, Any], selected: list[str] | None = None) -> None:
+def check_inputs(
+    steps: dict[str, Any], selected: list[str] | None = None, model_flag: str = "-D model=DIR"
+) -> None:
     """Raise one ``ConfigurationError`` naming every missing input of ``steps`` (a config's
     ``steps``, as plain data) that the ``selected`` steps (default: all) and their
-    dependencies read."""
+    dependencies read; a missing model's message says to give ``model_flag`` (what the user's
+    command takes: ``tango run``'s external variable, ``tango-fairscale eval``'s ``--model``)."""
     wanted = _needed(steps, selected) if selected else list(steps)
     problems: dict[str, str] = {}
     tasks: dict[str, list[str]] = {}
@@ -44,7 +47,8 @@ def check_inputs(steps: dict[str, Any], selected: list[str] | None = None) -> No
                 for field in ("model", "tokenizer"):
                     source = node.get(field)
                     if isinstance(source, str) and source not in problems:
-                        problems[source] = _source_problem(field, source, node) or ""
+                        problem = _source_problem(field, source, node, model_flag)
+                        problems[source] = problem or ""
             elif node.get("type") == _PIQA:
                 problems[_PIQA] = _piqa_problem(node.get("data_dir")) or ""
             for spec in _task_specs(node):
@@ -75,10 +79,10 @@ TOKENIZER_FILES = (
 )
 
 
-def _source_problem(field: str, source: str, node: dict[str, Any]) -> str | None:
+def _source_problem(field: str, source: str, node: dict[str, Any], model_flag: str) -> str | None:
     from .model.fingerprint import hub_revision, is_hub_id
 
-    flag = "-D model=DIR" if field == "model" else "a local 'tokenizer' directory"
+    flag = model_flag if field == "model" else "a local 'tokenizer' directory"
     directory = Path(source).expanduser()
     if directory.is_dir():
         wanted: list[tuple[str, tuple[str, ...]]] = []

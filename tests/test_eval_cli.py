@@ -53,7 +53,11 @@ def assert_one_line_error(code: int, err: str, fragment: str) -> None:
     [
         ("copa,arc_eesy", None, "unknown lm-eval task 'arc_eesy'; did you mean 'arc_easy'"),
         ("copa,copa", None, "-D tasks lists copa more than once; list each task once"),
-        ("copa", "/no/such/model", "cannot load model from path '/no/such/model'"),
+        (
+            "copa",
+            "/no/such/model",
+            "cannot load model from path '/no/such/model' (no such directory); give --model DIR",
+        ),
     ],
 )
 def test_what_cannot_run_is_refused_in_one_line_before_any_work(
