@@ -3,7 +3,7 @@
 ::
 
     tango-fairscale results -w WORKSPACE [--run NAME ...] [--plot FILE.png] [--json]
-    tango-fairscale eval --model PATH_OR_ID --tasks a,b [--num_fewshot K] [--limit N] ...
+    tango-fairscale eval --model PATH_OR_ID... --tasks a,b [--num_fewshot K] [--limit N] ...
     tango-fairscale run [--rendezvous-timeout SECONDS] CONFIG [tango run options]
     python -m tango_fairscale run ...          (the same; the form torchrun starts with -m)
     tango-fairscale export CHECKPOINT_DIR OUT_DIR

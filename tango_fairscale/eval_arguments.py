@@ -72,6 +72,7 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
         "-M",
         dest="models",
         nargs="+",
+        action="extend",  # --model A --model B: both
         metavar="PATH_OR_ID",
         help="model directory or hub id, or several (checkpoints of a run: each scored in turn "
         "by this one process, on requests built once); or lm_eval's 'hf' (its default) with "

@@ -25,8 +25,10 @@ keep none) for ``doc`` and lm-eval's hashes.
 Several models (``--model CKPT1 CKPT2 ...``: the checkpoints of a run) are evaluated in turn in
 this one process, each as its own Tango run (``<run name>-<i>``) with its own table and files:
 the libraries are imported once, the requests are built by the first and read from the cache by
-the others, and each model is released before the next one loads. Every model's refusals come
-before any model's work.
+the others (chat-templated prompts excepted: each tokenizer writes its own), and each model is
+released before the next one loads. Every model's arguments and inputs are checked before any
+model's work (a tokenizer without a chat template under ``--apply_chat_template`` included); the
+first model that fails stops the command, which names the models left unevaluated.
 
 An ``lm_eval`` command line for the Hugging Face backend runs with its program name changed:
 ``--model hf --model_args pretrained=PATH_OR_ID[,dtype=D]`` names the model (``dtype``: float32 is
@@ -90,7 +92,7 @@ def run(args: argparse.Namespace, prog: str) -> int:
     if args.log_samples and not args.output_path:
         raise EvalError("--log_samples needs --output_path: the samples are written beside it")
     if args.output_path:
-        check_output_path(args.output_path, args.models)
+        refuse_one_file_for_several(args.output_path, args.models)
     name = f"eval-{datetime.now().strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
     names = [name] if len(args.models) == 1 else [f"{name}-{i}" for i in range(len(args.models))]
     evaluations = [
@@ -99,9 +101,21 @@ def run(args: argparse.Namespace, prog: str) -> int:
     ]
     for _, _, argv in evaluations:  # every model's refusals before any model's work
         check(argv)
-    for one, run_name, argv in evaluations:
+    if args.apply_chat_template:
+        for model in args.models:
+            check_chat_template(model)
+    if args.output_path:
+        make_output_folders(args.output_path, args.models)
+    for index, (one, run_name, argv) in enumerate(evaluations):
         code = evaluate(one, workspace, run_name, argv, prog)
         if code != 0:
+            if len(evaluations) > 1:
+                left = " ".join(args.models[index + 1 :]) or "none"
+                print(
+                    f"{prog}: model {index + 1} of {len(evaluations)} ({one.model}) failed; "
+                    f"not evaluated: {left}",
+                    file=sys.stderr,
+                )
             return code
     return 0
 
@@ -131,14 +145,36 @@ def evaluate(
     return 0
 
 
-def check_output_path(output_path: str, models: list[str]) -> None:
-    """Make the folders ``--output_path`` writes into, so that a path that cannot hold the
-    results fails before any work; refuse (:class:`EvalError`) one file for several models."""
+def refuse_one_file_for_several(output_path: str, models: list[str]) -> None:
+    """Refuse (:class:`EvalError`) an ``--output_path`` file for several models' results."""
     if len(models) > 1 and Path(output_path).suffix == ".json":
         raise EvalError(
             f"--output_path {output_path} is one file, and {len(models)} models were given: "
             "give a directory (each model's results go in a folder of its own name)"
         )
+
+
+def check_chat_template(model: str) -> None:
+    """Refuse (:class:`EvalError`) ``--apply_chat_template`` for a model whose tokenizer has
+    none (one that cannot be loaded here is left to the run, which reports it)."""
+    from tango.common.exceptions import ConfigurationError
+
+    from .eval_results import chat_template
+
+    try:
+        template = chat_template(model)
+    except ConfigurationError:  # reported where the run loads it
+        return
+    if template is None:
+        raise EvalError(
+            f"--apply_chat_template: the tokenizer of {model} has no chat template "
+            "(tokenizer_config.json's chat_template); leave --apply_chat_template out"
+        )
+
+
+def make_output_folders(output_path: str, models: list[str]) -> None:
+    """Make the folders ``--output_path`` writes the ``models``' results into, so that a path
+    that cannot hold them fails before any work (:class:`EvalError`)."""
     for model in models:
         try:
             results_file(output_path, model, "DATE").parent.mkdir(parents=True, exist_ok=True)
@@ -208,6 +244,7 @@ def _tango(argv: list[str]) -> int:
     import multiprocessing
 
     from tango.__main__ import main as tango_main
+    from tango.common.exceptions import CliRunError
 
     from .runtime.collector import collect_less
 
@@ -221,15 +258,17 @@ def _tango(argv: list[str]) -> int:
     except SystemExit as done:
         code = done.code
         return code if isinstance(code, int) else (0 if code is None else 1)
+    except CliRunError:  # a step failed: Tango has shown which and why
+        return 1
     return 0
 
 
 def check(argv: list[str]) -> None:
     """Raise :class:`EvalError` with what ``tango ARGV`` (a ``run`` with ``--settings``) would
-    refuse before any step, in one line: the config's own checks (a task listed twice), those of
-    building its steps (an unknown task, with the closest names), then ``tango run``'s command
-    line checks (:mod:`~tango_fairscale.command_line`: every missing input in one message, a
-    workspace that is not writable)."""
+    refuse before any step, in one line: the config's own checks (a task listed twice), every
+    missing input in one message (:mod:`~tango_fairscale.inputs`, as ``tango run`` checks them),
+    those of building its steps (an unknown task, with the closest names), then a workspace that
+    is not writable."""
     from tango.common import Params
     from tango.common.util import import_module_and_submodules
     from tango.settings import TangoGlobalSettings
@@ -248,9 +287,11 @@ def check(argv: list[str]) -> None:
     try:
         params = Params.from_file(run.experiment, run.overrides or "", {**defaults, **defines})
         steps = params.pop("steps")
+        # The inputs first: building the steps fingerprints the model, and a model that cannot
+        # be found fails there with Tango's own words.
+        check_inputs(steps.as_dict(quiet=True), model_flag="--model DIR")
         import_module_and_submodules("tango_fairscale")  # tango.yml's include_package
         StepGraph.from_params(steps.duplicate())  # loads no model (see evaluation.shared_model)
-        check_inputs(steps.as_dict(quiet=True), model_flag="--model DIR")
         check_workspace_writable(run.workspace)
     except Exception as error:  # noqa: BLE001  (an unexpected one is raised again)
         brief = brief_message(error)

@@ -35,7 +35,8 @@ def take_model_args(args: argparse.Namespace) -> None:
                 f"--model {models[0]} names lm-eval's Hugging Face backend: give the model as "
                 "--model_args pretrained=PATH_OR_ID, or as --model PATH_OR_ID"
             )
-        repeated = sorted({model for model in models if models.count(model) > 1})
+        same = [_same_model(model) for model in models]
+        repeated = sorted({m for m, key in zip(models, same, strict=True) if same.count(key) > 1})
         if repeated:
             raise EvalError(f"--model lists {repeated[0]} more than once; list each model once")
         return
@@ -72,6 +73,11 @@ def take_model_args(args: argparse.Namespace) -> None:
                 f"{args.precision} was given: give one of them"
             )
         args.precision = precision
+
+
+def _same_model(model: str) -> str:
+    """What tells two ``--model`` values apart: a local directory's real path, else the id."""
+    return os.path.realpath(model) if Path(model).exists() else model
 
 
 def take_gen_kwargs(args: argparse.Namespace) -> None:

@@ -23,7 +23,6 @@ def lm_eval_results(
     ``time.time()`` at its start)."""
     from dataclasses import asdict
 
-    from lm_eval.loggers.evaluation_tracker import GeneralConfigTracker
     from tango import Workspace
 
     metrics = Workspace.from_url(workspace).step_result_for_run(run_name, "metrics")
@@ -45,21 +44,30 @@ def lm_eval_results(
         "run": run_name,
     }
     results["date"] = started
+    results["task_hashes"] = {}
+    results.update(asdict(experiment_fields(args, started)))
+    results.update(scored.get("tokenizer", {}))  # lm-eval's tokenizer fields, as the step saw them
+    results.update(environment())
+    return results
+
+
+def experiment_fields(args: argparse.Namespace, started: float) -> Any:
+    """lm-eval's ``GeneralConfigTracker`` of ``args.model``'s evaluation: the model's name (the
+    results' folder) as ``lm_eval --model_args pretrained=...`` records it, the chat settings,
+    the seconds since ``started``."""
+    from lm_eval.loggers.evaluation_tracker import GeneralConfigTracker
+
     chat = bool(args.apply_chat_template)
     tracker = GeneralConfigTracker()
     tracker.log_experiment_args(
         model_source="tango_fairscale",
-        model_args=f"pretrained={args.model}",
+        model_args={"pretrained": args.model},  # as lm_eval's command line: no split at ','s
         system_instruction=args.system_instruction,
         chat_template=chat_template(args.model) if chat else None,
         fewshot_as_multiturn=chat and args.fewshot_as_multiturn is not False,
     )
     tracker.total_evaluation_time_seconds = str(time.time() - started)
-    results["task_hashes"] = {}
-    results.update(asdict(tracker))
-    results.update(scored.get("tokenizer", {}))  # lm-eval's tokenizer fields, as the step saw them
-    results.update(environment())
-    return results
+    return tracker
 
 
 def environment() -> dict[str, Any]:

@@ -79,13 +79,13 @@ def test_what_cannot_run_is_refused_in_one_line_before_any_work(
 
 
 def test_an_output_path_that_cannot_be_written_is_refused_before_any_work(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     (tmp_path / "file").write_text("")
     workspace = tmp_path / "workspace"
     code = main(
-        ["eval", "--model", "m", "--tasks", "copa", "-w", str(workspace)]
-        + ["--output_path", str(tmp_path / "file" / "results")]
+        ["eval", "--model", str(tiny_model_dir), "--tasks", "copa", "-w", str(workspace)]
+        + ["--task_data_dir", str(FIXTURES), "--output_path", str(tmp_path / "file" / "results")]
     )
     assert_one_line_error(code, capsys.readouterr().err, f"--output_path {tmp_path}/file/results")
     assert not workspace.exists()
@@ -102,6 +102,83 @@ def test_every_models_refusals_come_before_any_models_work(
     code = main(["eval", "-M", "a", "b", *settings, "--output_path", str(tmp_path / "r.json")])
     fragment = f"--output_path {tmp_path}/r.json is one file, and 2 models were given: give a"
     assert_one_line_error(code, capsys.readouterr().err, fragment)
+
+
+def test_a_failing_model_names_itself_and_the_models_left(
+    tmp_path: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The second of three models fails in its run (its weights are not a model's): the command
+    exits with the run's code and says which model failed and which were not evaluated."""
+    import shutil
+
+    broken, third = tmp_path / "broken", tmp_path / "third"
+    shutil.copytree(tiny_model_dir, broken)
+    shutil.copytree(tiny_model_dir, third)
+    for weights in broken.glob("*.safetensors"):
+        weights.write_bytes(b"not weights")
+    workspace = tmp_path / "workspace"
+    code = main(
+        ["eval", "--model", str(tiny_model_dir), str(broken), str(third)]
+        + ["--tasks", "copa", "--limit", "2", "--task_data_dir", str(FIXTURES)]
+        + ["-w", str(workspace), "--device", "cpu"]
+    )
+    err = capsys.readouterr().err
+    assert code != 0
+    assert f"model 2 of 3 ({broken}) failed; not evaluated: {third}" in err, err
+
+
+def test_a_model_named_twice_by_two_paths_is_refused(
+    tmp_path: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["eval", "-M", str(tiny_model_dir), f"{tiny_model_dir}/.", "--tasks", "copa"])
+    fragment = f"--model lists {tiny_model_dir} more than once; list each model once"
+    assert_one_line_error(code, capsys.readouterr().err, fragment)
+
+
+def test_a_hub_id_neither_reachable_nor_cached_is_refused_in_eval_words(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import huggingface_hub.constants as hub
+
+    from tango_fairscale.model import fingerprint
+
+    monkeypatch.setattr(hub, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(hub, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    fingerprint.hub_revision.cache_clear()
+    workspace = tmp_path / "workspace"
+    code = main(["eval", "--model", "no-org/no-model", "--tasks", "copa", "-w", str(workspace)])
+    fragment = "cannot load model 'no-org/no-model': neither a local directory nor reachable on "
+    assert_one_line_error(code, capsys.readouterr().err, fragment + "the hub")
+    assert not workspace.exists()
+    fingerprint.hub_revision.cache_clear()
+
+
+def test_a_tokenizer_without_a_chat_template_is_refused_before_any_models_work(
+    tmp_path: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    workspace, output = tmp_path / "workspace", tmp_path / "out"
+    code = main(
+        ["eval", "-M", str(tiny_model_dir), "--tasks", "copa", "--apply_chat_template"]
+        + ["--task_data_dir", str(FIXTURES), "-w", str(workspace), "--output_path", str(output)]
+    )
+    fragment = f"--apply_chat_template: the tokenizer of {tiny_model_dir} has no chat template"
+    assert_one_line_error(code, capsys.readouterr().err, fragment)
+    assert not workspace.exists() and not output.exists()  # no run, no results folder
+
+
+def test_the_results_folder_is_the_whole_model_path_as_lm_evals_command_line_names_it() -> None:
+    """lm_eval's command line passes ``--model_args`` as a dict: a model path with a comma names
+    its results folder whole (a ``pretrained=...`` string would be cut at the comma)."""
+    from lm_eval.loggers.evaluation_tracker import GeneralConfigTracker
+
+    from tango_fairscale.eval_results import experiment_fields
+
+    model = "runs/lr3e-4,bs64/step1000"
+    ours = experiment_fields(eval_args("--model", model, "--tasks", "copa"), 0.0)
+    theirs = GeneralConfigTracker()
+    theirs.log_experiment_args("hf", {"pretrained": model}, None, None, False)
+    assert ours.model_name == theirs.model_name == model
+    assert ours.model_name_sanitized == theirs.model_name_sanitized
 
 
 def test_log_samples_without_an_output_path_is_refused_before_any_work(
@@ -210,6 +287,7 @@ def test_lm_evals_hf_command_line_names_the_model_its_dtype_and_batch_size() -> 
     [
         (["--model", "hf"], "--model hf names lm-eval's Hugging Face backend: give the model as"),
         (["-M", "a", "b", "a"], "--model lists a more than once; list each model once"),
+        (["-M", "a", "-M", "b", "--model", "a"], "--model lists a more than once; list each"),
         ([], "give the model: --model PATH_OR_ID, or lm_eval's --model_args pretrained="),
         (
             ["--model_args", "{'pretrained': 1}"],

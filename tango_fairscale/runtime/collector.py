@@ -25,7 +25,8 @@ THRESHOLDS = (50_000, 20, 20)
 def collect_less() -> None:
     """Leave every object alive now out of later collections (``gc.freeze``: torch's and Tango's
     modules, imported by then) and collect at :data:`THRESHOLDS`. For a command's main process:
-    call once, after its heavy imports."""
+    call after its heavy imports (``eval`` of several models: again before each model's run,
+    right after the last one's objects were collected)."""
     gc.freeze()
     gc.set_threshold(*THRESHOLDS)
 
