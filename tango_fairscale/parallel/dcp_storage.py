@@ -15,6 +15,7 @@ import contextlib
 import functools
 import io
 import json
+import os
 import pickle
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -107,6 +108,13 @@ def hashing_writer_class() -> Callable[[Path, Identity, dict[str, FileRecord]], 
                     return
                 hashing = HashingFile(stream)  # type: ignore[arg-type]
                 yield hashing
+            # DCP fsyncs its files before Python's buffer is flushed into them (at close): their
+            # tails (all of .metadata's pickle) would reach the disk after the manifest.
+            synced = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(synced)
+            finally:
+                os.close(synced)
             self.records[Path(path).name] = hashing.record()
 
         def rename(self, path: Any, new_path: Any) -> None:

@@ -6,6 +6,7 @@ runs the copies before any later update of the tensors)."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import weakref
 from collections.abc import Iterator
@@ -19,8 +20,28 @@ logger = logging.getLogger(__name__)
 ALIGNMENT = 64
 
 
+class CopiesDone:
+    """When a copy's device-to-host copies are complete: one CUDA event per device it copied
+    from (an engine may hold state on several: the pipe engine's stages), each recorded on that
+    device's current stream."""
+
+    def __init__(self, devices: list[torch.device]) -> None:
+        self.events = []
+        for device in devices:
+            with torch.cuda.device(device):
+                event = torch.cuda.Event()
+                event.record()
+                self.events.append(event)
+
+    def synchronize(self) -> None:
+        """Wait for every copy."""
+        for event in self.events:
+            event.synchronize()
+
+
 class HostCopier:
-    """Copies nested state (dicts, lists, tuples of tensors and plain data) into host memory.
+    """Copies nested state (dicts, lists, tuples and dataclasses of tensors and plain data) into
+    host memory.
     Tensors on ``device_type`` (CUDA unless a test says otherwise) are copied into one block of
     host memory, pinned for CUDA, that the next copy reuses, each copy a storage of its own over
     its bytes of the block: allocated once, at its exact size (:meth:`reserve` allocates it ahead,
@@ -55,19 +76,19 @@ class HostCopier:
         self._block = self._bytes = None
         self._memo = {}
 
-    def copy(self, state: Any) -> tuple[Any, torch.cuda.Event | None]:
-        """``(copy of state, event)``: the event (``None`` without CUDA tensors) completes when
+    def copy(self, state: Any) -> tuple[Any, CopiesDone | None]:
+        """``(copy of state, done)``: ``done`` (``None`` without CUDA tensors) completes when
         every device tensor's copy has; wait on it before reading the copy. The previous copy's
         block is reused: finish with a copy before taking the next."""
         self._starts, nbytes = self._layout(state)
         self.reserve(nbytes)
         self._memo = {}
         result = self._copy(state)
-        event = None
+        done = None
         if nbytes and self.device_type == "cuda":
-            event = torch.cuda.Event()
-            event.record()
-        return result, event
+            devices = {tensor.device for tensor in _tensors(state) if _staged(tensor, "cuda")}
+            done = CopiesDone(sorted(devices, key=lambda device: device.index or 0))
+        return result, done
 
     def _layout(self, state: Any) -> tuple[dict[tuple, int], int]:
         """Where each staged tensor of ``state`` (by :func:`_alias`) starts in the block, and
@@ -88,6 +109,9 @@ class HostCopier:
             return type(value)((key, self._copy(item)) for key, item in value.items())
         if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
             return type(value)(self._copy(item) for item in value)
+        if _is_dataclass(value):  # a format's snapshot (DCP's): its fields copied as the rest
+            fields = {field.name: getattr(value, field.name) for field in _fields(value)}
+            return dataclasses.replace(value, **self._copy(fields))
         return copy.deepcopy(value)
 
     def _tensor(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -124,6 +148,18 @@ def _tensors(value: Any) -> Iterator[torch.Tensor]:
     elif isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
         for item in value:
             yield from _tensors(item)
+    elif _is_dataclass(value):
+        for field in _fields(value):
+            yield from _tensors(getattr(value, field.name))
+
+
+def _is_dataclass(value: Any) -> bool:
+    return dataclasses.is_dataclass(value) and not isinstance(value, type)
+
+
+def _fields(value: Any) -> list[dataclasses.Field]:
+    """The fields of a dataclass instance that its constructor takes."""
+    return [field for field in dataclasses.fields(value) if field.init]
 
 
 def _staged(tensor: torch.Tensor, device_type: str) -> bool:

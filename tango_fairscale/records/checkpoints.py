@@ -205,11 +205,18 @@ def latest_checkpoint(checkpoints: Path) -> Path | None:
 def commit(partial: Path, keep: int) -> Path:
     """Make the fully written ``partial`` checkpoint complete: rename it to its ``stepN`` name
     (replacing one of that name: after a fallback), name it in ``latest`` and delete all but the
-    newest ``keep`` complete checkpoints."""
+    newest ``keep`` complete checkpoints up to it. Checkpoints of later steps belong to a
+    training the run went back from (it resumed from an earlier one: a later one was damaged)
+    and are deleted too, so the one just committed is never what is pruned."""
     checkpoints = partial.parent
     final = install(partial)
     replace_durably(checkpoints / LATEST, final.name)
-    for old in complete_checkpoints(checkpoints)[keep:]:
+    committed_step = step_of(final.name)
+    assert committed_step is not None
+    complete = complete_checkpoints(checkpoints)
+    abandoned = [path for path in complete if (step_of(path.name) or 0) > committed_step]
+    kept = [path for path in complete if path not in abandoned]
+    for old in abandoned + kept[keep:]:
         discard(old)
     return final
 

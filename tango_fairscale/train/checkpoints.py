@@ -136,6 +136,8 @@ class BackgroundWriter:
     def _state(self, identity: Identity, extra: dict | None, model_only: bool = False) -> Any:
         """What this rank's checkpoint ``identity`` holds (references to the state, not copies)."""
         client_state = {**(extra or {}), "step": identity.step, "rng": torch.get_rng_state()}
+        if torch.cuda.is_initialized():  # dropout on a GPU draws from the device's generator
+            client_state["cuda_rng"] = torch.cuda.get_rng_state()
         return self.engine.checkpoint_format.take(self.engine, client_state, identity, model_only)
 
     def prepare(self, extra: dict | None = None) -> None:
@@ -292,6 +294,16 @@ def _leave_text(path: Path, text: str) -> None:
     temporary.replace(path)
 
 
+def restore_rng(client_state: dict[str, Any]) -> None:
+    """Set the random generators as a checkpoint's ``client_state`` kept them (and take them out
+    of it): the CPU's, and the current GPU's where the run drew on one (a checkpoint of a CPU
+    run resumed on a GPU leaves that one seeded as the run seeded it)."""
+    torch.set_rng_state(client_state.pop("rng"))
+    cuda_rng = client_state.pop("cuda_rng", None)
+    if cuda_rng is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(cuda_rng)
+
+
 def resume(engine: Engine, checkpoints: Path, is_main: bool) -> dict[str, Any]:
     """Load the newest complete checkpoint whose files match its manifest into ``engine``;
     return what :meth:`BackgroundWriter.save` kept with it (``step``, ``extra``'s keys; ``{}`` when
@@ -317,7 +329,7 @@ def resume(engine: Engine, checkpoints: Path, is_main: bool) -> dict[str, Any]:
                 for damage in damaged
             )
             logger.warning("%s; resuming from %s", skipped, directory.name)
-        torch.set_rng_state(client_state.pop("rng"))
+        restore_rng(client_state)
         return client_state
     if damaged:
         others = ", as is every earlier one" if len(damaged) > 1 else ""

@@ -48,9 +48,11 @@ class TrainRuntime(FromParams):
     :param eval_batch_size: queries per validation batch, of at most
         ``EvalOptions.max_batch_tokens`` (32,768) tokens: the scoring step's batches.
     :param distributed_port: the port the processes meet on; ``null``: a free one.
-    :param preemption_signal: on this signal (``SIGTERM``, ``SIGUSR1``, ...) every rank finishes
-        its step, a checkpoint is written and the step fails with ``TrainingStopped``; rerunning
-        the same command resumes.
+    :param preemption_signal: on this signal (``SIGTERM``, ``SIGUSR1``, ...) the ranks train on
+        to the next log step (``log_every``; after that step's validation, if any), where every
+        rank agrees to stop, a checkpoint is written (after the write in flight, if any) and the
+        step fails with ``TrainingStopped``; rerunning the same command resumes. Give a scheduler's
+        grace period room for ``log_every`` steps and two checkpoint writes.
     :param collective_timeout_s: a rank that hangs (without dying) makes the others fail after
         this many seconds in a collective, instead of waiting forever.
     """

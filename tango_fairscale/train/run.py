@@ -215,7 +215,12 @@ class TrainingRun:
         """Start writing the checkpoint after ``done`` steps (:class:`.checkpoints.
         BackgroundWriter`); ``wait``: until it is committed. The last step's is what a finished
         run keeps: without the optimizer state unless ``runtime.keep_optimizer_state``, and it
-        supersedes a write still in flight (abandoned, not waited for)."""
+        supersedes a write still in flight (abandoned, not waited for). A step whose loss was not
+        read yet (a deferred checkpoint's, a stop's) has it read first: a broken step's weights
+        never become a checkpoint."""
+        if self.unread is not None and self.unread.step == done:
+            self.guard.observe(done, self.unread.value())
+            self.unread = None
         extra = self.checkpoint_extra()
         final = done == self.plan.train_steps
         model_only = final and not self.plan.runtime.keep_optimizer_state

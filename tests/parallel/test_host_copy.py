@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 from collections import OrderedDict, namedtuple
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -15,6 +16,14 @@ import torch
 from tango_fairscale.parallel.host_copy import ALIGNMENT, HostCopier
 
 Pair = namedtuple("Pair", "first second")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A format's snapshot as a dataclass (DCP's is one): its fields are copied like the rest."""
+
+    state: dict
+    label: str
 
 
 BOTH_KINDS = pytest.mark.parametrize("staged", [False, True], ids=["cloned", "staged"])
@@ -50,6 +59,19 @@ def test_the_copy_keeps_the_nesting_and_owns_its_tensors(staged: bool) -> None:
     assert torch.equal(copied["model"]["weight"], torch.arange(6.0))  # not updated with the state
     assert torch.equal(copied["optimizer"]["state"][0][0], torch.ones(2))
     assert torch.equal(copied["pair"].first, torch.zeros(1))
+
+
+def test_a_dataclass_is_copied_field_by_field_into_the_block() -> None:
+    weight = torch.arange(4.0)
+    snapshot = Snapshot({"weight": weight, "step": 2}, "of step 2")
+    copier = HostCopier("cpu")
+    assert copier.size(snapshot) == weight.numel() * weight.element_size()
+    copied, _ = copier.copy(snapshot)
+    assert type(copied) is Snapshot and copied.label == "of step 2"
+    assert copied.state["step"] == 2 and torch.equal(copied.state["weight"], weight)
+    weight.add_(1.0)
+    assert torch.equal(copied.state["weight"], torch.arange(4.0))  # its own bytes, in the block
+    assert copied.state["weight"].data_ptr() == copier._block.data_ptr()
 
 
 @BOTH_KINDS
@@ -149,3 +171,8 @@ def test_device_tensors_are_copied_into_pinned_memory_without_waiting() -> None:
     assert event is not None and copier._block is block and copied["weight"].is_pinned()
     event.synchronize()
     assert torch.equal(copied["weight"], state["weight"].cpu()) and copied["step"] == 3
+    # DCP's snapshot (a dataclass) likewise: into the pinned block, not cloned on the GPU.
+    snapshot, done = copier.copy(Snapshot(state, "dcp"))
+    assert done is not None and snapshot.state["weight"].is_pinned()
+    done.synchronize()
+    assert torch.equal(snapshot.state["weight"], state["weight"].cpu())

@@ -176,6 +176,22 @@ def test_commit_renames_names_latest_and_keeps_the_newest(tmp_path) -> None:
     assert sorted(path.name for path in checkpoints.iterdir()) == [LATEST, "step0000400"]
 
 
+def test_a_commit_after_a_fallback_keeps_itself_and_drops_the_later_steps(tmp_path) -> None:
+    """A rerun fell back from a damaged step 23 to step 10 and now commits step 20 (another
+    cadence): step 20 is kept and named in ``latest``, the abandoned step 23 is deleted."""
+    checkpoints = tmp_path / "checkpoints"
+    for step in (10, 23):
+        commit(checkpoint(partial_dir(checkpoints, step), step), keep=2)
+    commit(checkpoint(partial_dir(checkpoints, 20), 20), keep=1)
+    assert sorted(path.name for path in checkpoints.iterdir()) == [LATEST, "step0000020"]
+    assert latest_checkpoint(checkpoints) == checkpoints / "step0000020"
+    commit(checkpoint(partial_dir(checkpoints, 30), 30), keep=2)
+    assert [path.name for path in complete_checkpoints(checkpoints)] == [
+        "step0000030",
+        "step0000020",
+    ]
+
+
 def test_install_replaces_a_checkpoint_of_the_same_step(tmp_path) -> None:
     checkpoints = tmp_path / "checkpoints"
     commit(checkpoint(partial_dir(checkpoints, 100), 100), keep=2)

@@ -205,3 +205,16 @@ def test_the_host_memory_is_reserved_ahead_and_freed_at_the_end(
     assert resume(fresh, tmp_path / "checkpoints", True)["step"] == 6
     for name, tensor in weights(fresh).items():
         assert torch.equal(tensor, weights(writer.engine)[name]), name
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the GPU's random generator")
+def test_a_checkpoint_keeps_the_gpus_random_state(writer, tmp_path) -> None:
+    """Dropout on a GPU draws from the device's generator: a resume sets it as it was at the
+    checkpoint, so the resumed run draws what the uninterrupted one drew."""
+    torch.cuda.manual_seed(7)
+    torch.rand(3, device="cuda")
+    writer.save(5, wait=True)
+    expected = torch.rand(3, device="cuda")
+    torch.rand(100, device="cuda")  # training went on
+    assert resume(writer.engine, tmp_path / "checkpoints", True)["step"] == 5
+    assert torch.equal(torch.rand(3, device="cuda"), expected)

@@ -202,6 +202,25 @@ def test_a_non_finite_loss_stops_the_run_at_the_next_step(
         run.check_previous_loss()
 
 
+def test_a_checkpoint_of_a_step_with_a_non_finite_loss_is_not_written(
+    tmp_path: Path, tiny_model_dir: Path, pairs: list, runs: list
+) -> None:
+    """A deferred checkpoint falls on a step that is not logged: its loss is read before the
+    checkpoint, and a broken one stops the run with the previous checkpoint still ``latest``."""
+    from tango_fairscale.train.guards import NonFiniteLossError
+
+    run = start(make_plan(tmp_path, tiny_model_dir, pairs, defer_checkpoints=True), runs)
+    run.stepped(0, torch.tensor(2.0), run.batches(0), [])
+    run.log_step(1, torch.tensor(2.0), 1e-3, [])
+    run.checkpoint(1, wait=True)
+    run.stepped(1, torch.tensor(float("nan")), run.batches(1), [])
+    with pytest.raises(NonFiniteLossError, match="non-finite loss at step 2"):
+        run.checkpoint(2)
+    run.writer.close()
+    assert (tmp_path / "checkpoints" / "latest").read_text() == "step0000001"
+    assert not list((tmp_path / "checkpoints").glob("*step0000002"))
+
+
 def test_a_run_resumes_from_its_checkpoint_with_its_best_metric(
     tmp_path: Path, tiny_model_dir: Path, pairs: list, runs: list
 ) -> None:
