@@ -227,7 +227,7 @@ def install(partial: Path) -> Path:
     is in place, so that a crash leaves either of the two complete, or neither listed (the one
     set aside and ``partial`` are then ``.partial-`` directories), never a mix."""
     final = partial.with_name(partial.name.removeprefix(PARTIAL_PREFIX))
-    doomed = _set_aside(final) if final.exists() else None
+    doomed = _set_aside(final, REPLACED) if final.exists() else None
     os.replace(partial, final)
     sync_directory(final.parent)
     if doomed is not None:
@@ -241,8 +241,14 @@ def discard(directory: Path) -> None:
     shutil.rmtree(_set_aside(directory))
 
 
-def _set_aside(directory: Path) -> Path:
-    doomed = directory.with_name(f"{PARTIAL_PREFIX}discarded-{directory.name}")
+#: How a complete checkpoint renamed out of the listing is named: to be deleted (pruned), or
+#: replaced by a new checkpoint of its step (:func:`install`: restored if the new one is not in
+#: place when the run starts again).
+DISCARDED, REPLACED = "discarded-", "replaced-"
+
+
+def _set_aside(directory: Path, why: str = DISCARDED) -> Path:
+    doomed = directory.with_name(f"{PARTIAL_PREFIX}{why}{directory.name}")
     if doomed.exists():
         shutil.rmtree(doomed)
     os.replace(directory, doomed)
@@ -250,7 +256,14 @@ def _set_aside(directory: Path) -> Path:
 
 
 def clear_partials(checkpoints: Path) -> None:
-    """Remove the checkpoints that a stopped run left half-written."""
+    """Remove the checkpoints that a stopped run left half-written; a complete one that was set
+    aside for a replacement that did not land (:func:`install` stopped between its renames) is
+    put back."""
+    for replaced in checkpoints.glob(f"{PARTIAL_PREFIX}{REPLACED}*"):
+        original = replaced.with_name(replaced.name.removeprefix(PARTIAL_PREFIX + REPLACED))
+        if not original.exists():
+            os.replace(replaced, original)
+            sync_directory(checkpoints)
     for partial in checkpoints.glob(f"{PARTIAL_PREFIX}*"):
         shutil.rmtree(partial)
 

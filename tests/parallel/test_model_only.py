@@ -21,6 +21,7 @@ from tango_fairscale.parallel.safe_load import read_dcp_metadata
 from tango_fairscale.records.checkpoints import (
     CheckpointError,
     Identity,
+    clear_partials,
     complete_checkpoints,
     file_record,
     read_manifest,
@@ -146,8 +147,8 @@ def test_a_crash_while_rewriting_never_leaves_a_checkpoint_that_loads_wrongly(
 ) -> None:
     """Killed while the copy is written (its files half there, no manifest), then between the
     two renames that swap it in: what is listed is always a complete checkpoint, the old one
-    or the copy; the copy and the one set aside are ``.partial-`` directories, never listed,
-    removed when a run starts (``clear_partials``) or by the next rewrite."""
+    or the copy; the copy and the one set aside are ``.partial-`` directories, never listed; when
+    a run starts (``clear_partials``) the copy is removed and the one set aside put back."""
     _, directory = stepped("rank-files")
     expected = full_state_dict(directory)
     checkpoints = directory.parent
@@ -187,7 +188,11 @@ def test_a_crash_while_rewriting_never_leaves_a_checkpoint_that_loads_wrongly(
     monkeypatch.undo()
     assert complete_checkpoints(checkpoints) == []  # neither is listed: a rerun cannot load it
     assert read_manifest(checkpoints / ".partial-step0000005").model_only  # the complete copy
-    assert not read_manifest(checkpoints / ".partial-discarded-step0000005").model_only
+    assert not read_manifest(checkpoints / ".partial-replaced-step0000005").model_only
+    clear_partials(checkpoints)  # a run starting: the one set aside is put back
+    assert complete_checkpoints(checkpoints) == [directory]
+    assert not read_manifest(directory).model_only
+    assert [path.name for path in checkpoints.glob(".partial-*")] == []
 
 
 def test_a_damaged_checkpoint_is_not_rewritten(stepped) -> None:

@@ -231,6 +231,23 @@ def test_listing_ignores_everything_but_step_directories(tmp_path) -> None:
     assert complete_checkpoints(tmp_path / "nowhere") == []
 
 
+@pytest.mark.parametrize("landed", [False, True], ids=["before-the-rename", "after-it"])
+def test_a_replacement_stopped_midway_keeps_one_whole_checkpoint(tmp_path, landed) -> None:
+    """``install`` set the complete step 100 aside for a new one and the process died before
+    (or after) renaming the new one into place: the next start puts the old one back (or keeps
+    the new one), never neither."""
+    checkpoints = tmp_path / "checkpoints"
+    commit(checkpoint(partial_dir(checkpoints, 100), 100, **{"rank0.pt": b"old"}), keep=2)
+    new = checkpoint(partial_dir(checkpoints, 100), 100, **{"rank0.pt": b"new"})
+    (checkpoints / "step0000100").rename(checkpoints / ".partial-replaced-step0000100")
+    if landed:
+        new.rename(checkpoints / "step0000100")
+    clear_partials(checkpoints)
+    survivor = b"new" if landed else b"old"
+    assert (checkpoints / "step0000100" / "rank0.pt").read_bytes() == survivor
+    assert sorted(path.name for path in checkpoints.iterdir()) == [LATEST, "step0000100"]
+
+
 def test_every_process_gets_the_same_run_id(tmp_path) -> None:
     with ThreadPoolExecutor(8) as pool:
         ids = set(pool.map(lambda _: run_id(tmp_path / "checkpoints"), range(32)))
