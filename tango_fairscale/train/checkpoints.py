@@ -294,23 +294,14 @@ def _leave_text(path: Path, text: str) -> None:
     temporary.replace(path)
 
 
-def restore_rng(client_state: dict[str, Any]) -> None:
-    """Set the random generators as a checkpoint's ``client_state`` kept them (and take them out
-    of it): the CPU's, and the current GPU's where the run drew on one (a checkpoint of a CPU
-    run resumed on a GPU leaves that one seeded as the run seeded it)."""
-    torch.set_rng_state(client_state.pop("rng"))
-    cuda_rng = client_state.pop("cuda_rng", None)
-    if cuda_rng is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state(cuda_rng)
-
-
 def resume(engine: Engine, checkpoints: Path, is_main: bool) -> dict[str, Any]:
     """Load the newest complete checkpoint whose files match its manifest into ``engine``;
     return what :meth:`BackgroundWriter.save` kept with it (``step``, ``extra``'s keys; ``{}`` when
     there is none). A damaged checkpoint (a file missing, of another size or digest, or of
     another checkpoint) is skipped for the one before, which the log says; one that cannot be
-    loaded (no manifest, another model, pickled code) is refused in one line naming it. Call on
-    every rank."""
+    loaded (no manifest, another model, pickled code) is refused in one line naming it. The random
+    generators are set as the checkpoint kept them (the CPU's; the GPU's where the run drew on
+    one). Call on every rank."""
     if is_main:
         clear_partials(checkpoints)
     barrier()
@@ -329,7 +320,10 @@ def resume(engine: Engine, checkpoints: Path, is_main: bool) -> dict[str, Any]:
                 for damage in damaged
             )
             logger.warning("%s; resuming from %s", skipped, directory.name)
-        restore_rng(client_state)
+        torch.set_rng_state(client_state.pop("rng"))
+        cuda_rng = client_state.pop("cuda_rng", None)  # where the run drew on a GPU's generator
+        if cuda_rng is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state(cuda_rng)
         return client_state
     if damaged:
         others = ", as is every earlier one" if len(damaged) > 1 else ""
