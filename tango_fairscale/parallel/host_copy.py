@@ -25,7 +25,7 @@ class CopiesDone:
     from (an engine may hold state on several: the pipe engine's stages), each recorded on that
     device's current stream."""
 
-    def __init__(self, devices: list[torch.device]) -> None:
+    def __init__(self, devices: set[torch.device]) -> None:
         self.events = []
         for device in devices:
             with torch.cuda.device(device):
@@ -86,8 +86,7 @@ class HostCopier:
         result = self._copy(state)
         done = None
         if nbytes and self.device_type == "cuda":
-            devices = {tensor.device for tensor in _tensors(state) if _staged(tensor, "cuda")}
-            done = CopiesDone(sorted(devices, key=lambda device: device.index or 0))
+            done = CopiesDone({alias[0] for alias in self._starts})  # the staged tensors' devices
         return result, done
 
     def _layout(self, state: Any) -> tuple[dict[tuple, int], int]:

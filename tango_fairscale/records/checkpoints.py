@@ -211,12 +211,9 @@ def commit(partial: Path, keep: int) -> Path:
     checkpoints = partial.parent
     final = install(partial)
     replace_durably(checkpoints / LATEST, final.name)
-    committed_step = step_of(final.name)
-    assert committed_step is not None
-    complete = complete_checkpoints(checkpoints)
-    abandoned = [path for path in complete if (step_of(path.name) or 0) > committed_step]
-    kept = [path for path in complete if path not in abandoned]
-    for old in abandoned + kept[keep:]:
+    complete = complete_checkpoints(checkpoints)  # newest first: later steps before ``final``
+    position = complete.index(final)
+    for old in complete[:position] + complete[position + keep :]:
         discard(old)
     return final
 
