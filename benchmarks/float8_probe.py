@@ -53,17 +53,25 @@ class Float8Conv1D(torch.nn.Module):
 
 
 def to_float8(model: torch.nn.Module, recipe: str, emulate: bool) -> None:
+    """``recipe``: torchao's recipe name; with ``-auto``, only the projections whose shapes its
+    own filter for that recipe converts (measured on H100s, each layer alone)."""
     from torchao.float8 import Float8LinearConfig
     from torchao.float8._inductor_patch import _patch_inductor_min_max_codegen
+    from torchao.float8.float8_linear_utils import _auto_filter_for_recipe
     from transformers.pytorch_utils import Conv1D
 
     _patch_inductor_min_max_codegen()
+    recipe, _, auto = recipe.partition("-")
     config = Float8LinearConfig.from_recipe_name(recipe)
     if emulate:
         config = Float8LinearConfig(**{**config.__dict__, "emulate": True})
+    keep = _auto_filter_for_recipe(recipe, filter_fqns=[]) if auto else None
     for block in model.transformer.h:
         for name, module in list(block.named_modules()):
-            if isinstance(module, Conv1D):
+            if not isinstance(module, Conv1D):
+                continue
+            # Conv1D's weight is (in, out): the linear layer it equals.
+            if keep is None or keep(torch.nn.Linear(*module.weight.shape, device="meta"), name):
                 parent, _, child = name.rpartition(".")
                 setattr(block.get_submodule(parent), child, Float8Conv1D(module, config))
 
@@ -122,7 +130,7 @@ def main() -> None:
     parser.add_argument("--shapes", default="124m,1.5b")
     parser.add_argument("--batch", default="124m=64,1.5b=16,tiny=2")
     parser.add_argument("--seq", type=int, default=1024)
-    parser.add_argument("--recipes", default="bf16,tensorwise,rowwise")
+    parser.add_argument("--recipes", default="bf16,tensorwise,tensorwise-auto,rowwise")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=8)
     parser.add_argument("--emulate", action="store_true", help="float8 emulated (CPU smoke)")
