@@ -7,7 +7,8 @@
 * MODIFIERS (sharded engines): ``root`` (no per-block units), ``ckpt`` (activation checkpointing
   of every unit), ``offload`` (CPU offload), ``noflat``, ``noreshard``; also for ddp:
   ``compile`` (torch.compile per block), ``fused`` (fused AdamW), ``packed`` (PIQA data: the
-  training step's ``pack_sequences``).
+  training step's ``pack_sequences``), ``float8`` / ``float8row`` (the engine's ``float8``:
+  ``tensorwise`` / ``rowwise``).
 * MODIFIERS (pipe): ``cN`` (N chunks = micro-batches, default 4), ``ckpt-always`` /
   ``ckpt-never`` / ``ckpt-except_last`` (default), ``bA_B`` (A and B blocks per stage; default
   automatic by parameter count).
@@ -27,9 +28,11 @@ import _bench
 ROOT_ONLY_PATTERNS: list[str] = []
 
 ENGINES = ("ddp", "fairscale", "fsdp2", "pipe")
+FLOAT8_MODIFIERS = {"float8": "tensorwise", "float8row": "rowwise"}
 MODIFIERS = ("root", "ckpt", "offload", "noflat", "noreshard", "compile", "fused", "packed")
+MODIFIERS += tuple(FLOAT8_MODIFIERS)
 #: Modifiers that are not sharding options (the DDP engine takes them too).
-ENGINE_MODIFIERS = ("compile", "fused", "packed")
+ENGINE_MODIFIERS = ("compile", "fused", "packed", *FLOAT8_MODIFIERS)
 PIPE_CHECKPOINT_MODES = ("never", "always", "except_last")
 PIPE_DEFAULT_CHUNKS = 4
 LIGHTNING_PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true")
@@ -142,6 +145,9 @@ def engine_params(spec: dict[str, Any]) -> dict[str, Any]:
         "max_grad_norm": spec["max_grad_norm"],
         "optimizer": adamw,
     }
+    for modifier, recipe in FLOAT8_MODIFIERS.items():
+        if modifier in modifiers:
+            params["float8"] = recipe
     if spec["engine"] == "pipe":
         # One process drives every stage; balance automatic unless the config names one.
         params["pipe"] = {

@@ -59,6 +59,7 @@ class DDPEngine(Engine):
         lr_scheduler: Lazy[LRScheduler] | None = None,
         precision: str = "auto",
         max_grad_norm: float | None = None,
+        float8: str | None = None,
         compile: bool = False,
     ) -> None:
         # The engine's fields are restated, not taken as ``**kwargs``: with ``**kwargs`` Tango
@@ -72,4 +73,5 @@ class DDPEngine(Engine):
             lr_scheduler=lr_scheduler,
             precision=precision,
             max_grad_norm=max_grad_norm,
+            float8=float8,
         )

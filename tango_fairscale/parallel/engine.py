@@ -30,6 +30,7 @@ from ..runtime.devices import move_batch
 from ..runtime.process_group import join_process_group
 from . import consolidate
 from .backward_step import BackwardStep
+from .float8 import FLOAT8_RECIPES, apply_float8, check_float8
 from .graphs import GraphedSteps
 from .precision import PRECISIONS, LossScaling, resolve_precision
 from .sharding import ShardingConfig
@@ -43,6 +44,8 @@ class Engine(TrainingEngine):
     :param strategy: how the model is wrapped and its state held.
     :param precision: ``auto``, ``32-true``, ``bf16-mixed``, ``16-mixed`` or ``bf16-true``.
     :param max_grad_norm: clip the global gradient norm to this value (``None``: no clipping).
+    :param float8: ``tensorwise`` or ``rowwise``: the transformer blocks' matmuls in float8
+        (:mod:`.float8`; bf16 precisions on H100-class GPUs, with torchao); ``None``: none.
     """
 
     #: Why this engine cannot generate text (``generate_until`` tasks; asked of the registered
@@ -59,6 +62,7 @@ class Engine(TrainingEngine):
         lr_scheduler: Lazy[LRScheduler] | None = None,
         precision: str = "auto",
         max_grad_norm: float | None = None,
+        float8: str | None = None,
     ) -> None:
         positive_number("max_grad_norm", max_grad_norm, optional=True)
         if train_config.val_metric_name != "loss":  # set by torch::train's config only
@@ -69,6 +73,9 @@ class Engine(TrainingEngine):
             )
         self.device = train_config.worker_local_default_device
         self.precision = resolve_precision(precision, self.device)
+        self.float8 = float8
+        if float8 is not None:
+            check_float8(float8, self.precision, self.device)
         self.max_grad_norm = max_grad_norm
         strategy.setup(Placement(self.device, self.precision, train_config))
         self.strategy = strategy = strategy.on_one_gpu()
@@ -109,6 +116,8 @@ class Engine(TrainingEngine):
         if unknown:  # Tango's own message, with the closest field and the list of fields
             Params(unknown).assert_empty(cls.__name__)
         one_of("precision", fields.get("precision", "auto"), PRECISIONS)
+        if fields.get("float8") is not None:
+            one_of("float8", fields["float8"], FLOAT8_RECIPES)
         positive_number("max_grad_norm", fields.get("max_grad_norm"), optional=True)
         for name, parameter in parameters.items():
             block = fields.get(name)
@@ -134,7 +143,10 @@ class Engine(TrainingEngine):
         if on_gpu and self.precision.param_dtype == torch.float32:
             model.to(self.device)
         model.probe()
-        return self.strategy.wrap(self.precision.convert_module(model))  # type: ignore[return-value]
+        model = self.precision.convert_module(model)
+        if self.float8 is not None:
+            apply_float8(model, self.float8)
+        return self.strategy.wrap(model)  # type: ignore[return-value]
 
     def _construct_optimizer(self, optimizer: Lazy[Optimizer]) -> Optimizer:
         """The optimizer over the wrapped model's parameters; on a GPU, fused (one kernel for every
@@ -181,6 +193,7 @@ class Engine(TrainingEngine):
             and self.model is self.wrapped_model
             and self.grad_scaler is None
             and not compiled
+            and self.float8 is None  # float8's captured steps: not measured
         )
 
     # --- the training step --------------------------------------------------------------------
@@ -310,6 +323,7 @@ class ShardedEngine(Engine):
         lr_scheduler: Lazy[LRScheduler] | None = None,
         precision: str = "auto",
         max_grad_norm: float | None = None,
+        float8: str | None = None,
         # Not ``ShardingConfig | None``: Tango would replace an error inside the block by
         # "Failed to construct argument sharding" (it tries each member of a union).
         sharding: ShardingConfig = DEFAULT_SHARDING,
@@ -322,6 +336,7 @@ class ShardedEngine(Engine):
             lr_scheduler=lr_scheduler,
             precision=precision,
             max_grad_norm=max_grad_norm,
+            float8=float8,
         )
 
 

@@ -258,6 +258,7 @@ class PipeEngine(Engine):
         lr_scheduler: Lazy[LRScheduler] | None = None,
         precision: str = "auto",
         max_grad_norm: float | None = None,
+        float8: str | None = None,
         pipe: PipeConfig = DEFAULT_PIPE,
     ) -> None:
         self.check_world_size(train_config.world_size)
@@ -269,6 +270,7 @@ class PipeEngine(Engine):
             lr_scheduler=lr_scheduler,
             precision=precision,
             max_grad_norm=max_grad_norm,
+            float8=float8,
         )
 
 

@@ -1,0 +1,101 @@
+"""Float8 matrix multiplications in training (torchao's dynamic scaling): the transformer blocks'
+projections swapped for float8 ones before compilation and sharding, everything else (embeddings,
+the vocabulary projection, attention, norms) left in the precision's dtype.
+
+The swapped modules keep their parameters, names and shapes (GPT-2's ``Conv1D`` included), so
+checkpoints, exports and sharding are as without float8; only the matmuls' inputs are scaled and
+cast to float8 on the fly (e4m3 forward, e5m2 gradients for ``tensorwise``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from tango.common.exceptions import ConfigurationError
+
+from ..checks import one_of
+from .precision import Precision
+from .sharding import default_unit_patterns, select_modules
+
+#: torchao's recipes: ``tensorwise`` (one scale per tensor, cuBLAS's kernel; the fastest) and
+#: ``rowwise`` (a scale per row, CUTLASS's kernel; more accurate, slower at GPT-2's widths).
+FLOAT8_RECIPES = ("tensorwise", "rowwise")
+TORCHAO = "torchao==0.18.0"
+
+
+def check_float8(recipe: str, precision: Precision, device: torch.device) -> None:
+    """Refuse (one line) a float8 setting this run cannot train with."""
+    one_of("float8", recipe, FLOAT8_RECIPES)
+    if precision.compute_dtype != torch.bfloat16:
+        raise ConfigurationError(
+            f"float8 computes around bf16: set precision to 'bf16-mixed' (or 'bf16-true'), "
+            f"not {precision.name!r}, or remove float8"
+        )
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
+        raise ConfigurationError(
+            "float8 needs an NVIDIA GPU with float8 tensor cores (compute capability 8.9 or "
+            "later: H100, H200, L4, L40, RTX 40xx); remove float8"
+        )
+    try:
+        import torchao.float8  # noqa: F401
+    except ImportError:
+        raise ConfigurationError(f"float8 needs torchao: pip install {TORCHAO}") from None
+
+
+class Float8Conv1D(torch.nn.Module):
+    """Hugging Face's ``Conv1D`` (GPT-2's projections: ``x @ weight + bias``, weight ``(in,
+    out)``) with torchao's float8 matmul, which takes that weight as the transposed linear one it
+    multiplies by."""
+
+    def __init__(self, conv: torch.nn.Module, config: Any) -> None:
+        super().__init__()
+        from torchao.float8.float8_linear import Float8Linear
+
+        self.nf = conv.nf
+        self.weight, self.bias = conv.weight, conv.bias
+        # The three matmuls' settings as torchao's own layer derives them from the config.
+        self.mm_config = Float8Linear(
+            1, 1, bias=False, config=config, device="meta"
+        ).linear_mm_config
+        self.config = config
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torchao.float8.float8_linear import matmul_with_hp_or_float8_args
+
+        if torch.is_autocast_enabled(x.device.type):
+            x = x.to(torch.get_autocast_dtype(x.device.type))
+        out = matmul_with_hp_or_float8_args.apply(x, self.weight, self.mm_config, self.config)
+        return out + self.bias.to(out.dtype)
+
+
+def apply_float8(model: torch.nn.Module, recipe: str, *, emulate: bool = False) -> int:
+    """Swap the linear layers (``nn.Linear`` and GPT-2's ``Conv1D``) inside ``model``'s transformer
+    blocks whose dimensions are multiples of 16 (float8's kernels need them) for float8 ones;
+    ``emulate``: float8's rounding computed in high precision (CPUs, tests). Returns how many were
+    swapped."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    from transformers.pytorch_utils import Conv1D
+
+    config = Float8LinearConfig.from_recipe_name(recipe)
+    if emulate:
+        config = Float8LinearConfig(**{**config.__dict__, "emulate": True})
+    swapped = 0
+
+    def fits(module: torch.nn.Module, _name: str = "") -> bool:
+        nonlocal swapped
+        takes = isinstance(module, (torch.nn.Linear, Conv1D))
+        takes = takes and all(size % 16 == 0 for size in module.weight.shape)
+        swapped += takes
+        return takes
+
+    for block_name in select_modules(model, default_unit_patterns(model), "float8"):
+        block = model.get_submodule(block_name)
+        for name, module in list(block.named_modules()):
+            if isinstance(module, Conv1D) and fits(module):
+                parent, _, child = name.rpartition(".")
+                setattr(block.get_submodule(parent), child, Float8Conv1D(module, config))
+        # torchao's own swap for nn.Linear; it also patches Inductor around a Triton miscompile
+        # of float8 stores (torchao/float8/_inductor_patch.py).
+        convert_to_float8_training(block, module_filter_fn=fits, config=config)
+    return swapped
