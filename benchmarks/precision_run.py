@@ -104,8 +104,10 @@ def run_once(args: argparse.Namespace, precision: str, dataset_dict: Any) -> dic
         ModelWrapper,
         Params({"config": args.model_config, "tokenizer": args.tokenizer, "seed": args.seed}),
     )
+    name, _, float8 = precision.partition("+")  # "bf16-mixed+tensorwise": with float8
     engine_params: dict[str, Any] = {
-        "precision": precision,
+        "precision": name,
+        "float8": float8 or None,
         "max_grad_norm": args.max_grad_norm,
         "optimizer": {"type": "torch::AdamW", "lr": args.lr, "weight_decay": 0.0},
     }
@@ -250,7 +252,11 @@ def markdown(report: dict[str, Any]) -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     _bench.add_data_arguments(parser)
-    parser.add_argument("--precisions", default="32-true,bf16-mixed,16-mixed")
+    parser.add_argument(
+        "--precisions",
+        default="32-true,bf16-mixed,16-mixed",
+        help="comma list; PRECISION+RECIPE adds the engine's float8, e.g. bf16-mixed+tensorwise",
+    )
     parser.add_argument("--engine", choices=sorted(ENGINES), default="fairscale")
     parser.add_argument("--sharding", default="{}", help="FairScale ShardingConfig as JSON")
     parser.add_argument("--steps", type=int, default=300)

@@ -30,8 +30,9 @@ from ..runtime.devices import move_batch
 from ..runtime.process_group import join_process_group
 from . import consolidate
 from .backward_step import BackwardStep
-from .float8 import FLOAT8_RECIPES, apply_float8, check_float8
+from .float8 import apply_float8, check_float8, check_float8_setting
 from .graphs import GraphedSteps
+from .optimizer import build_optimizer
 from .precision import PRECISIONS, LossScaling, resolve_precision
 from .sharding import ShardingConfig
 from .strategy import Placement, ShardedStrategy, Strategy, unwrap
@@ -117,7 +118,7 @@ class Engine(TrainingEngine):
             Params(unknown).assert_empty(cls.__name__)
         one_of("precision", fields.get("precision", "auto"), PRECISIONS)
         if fields.get("float8") is not None:
-            one_of("float8", fields["float8"], FLOAT8_RECIPES)
+            check_float8_setting(fields["float8"], fields.get("precision", "auto"))
         positive_number("max_grad_norm", fields.get("max_grad_norm"), optional=True)
         for name, parameter in parameters.items():
             block = fields.get(name)
@@ -149,20 +150,9 @@ class Engine(TrainingEngine):
         return self.strategy.wrap(model)  # type: ignore[return-value]
 
     def _construct_optimizer(self, optimizer: Lazy[Optimizer]) -> Optimizer:
-        """The optimizer over the wrapped model's parameters; on a GPU, fused (one kernel for every
-        parameter's update instead of a few per tensor) when its class takes ``fused``, the
-        config sets neither ``fused`` nor ``foreach``, no parameter is offloaded to the CPU and no
-        sharded engine scales fp16 gradients.
-        Fused and per-tensor updates round differently, so CPUs keep the per-tensor update that
-        the parity tests compare bitwise."""
-        parameters = list(self.model.parameters())
-        extras: dict[str, Any] = {}
-        on_gpu = bool(parameters) and all(p.is_cuda for p in parameters)  # not CPU-offloaded
         # FairScale's and FSDP2's fp16 grad scalers fail inside fused steps (torch 2.11).
         scaled = self.precision.needs_grad_scaler and self.strategy.sharded
-        if on_gpu and not scaled and fused_by_default(optimizer):
-            extras["fused"] = True
-        return optimizer.construct(params=parameters, **extras)
+        return build_optimizer(optimizer, list(self.model.parameters()), fused_allowed=not scaled)
 
     @property
     def grad_scaler(self) -> Any | None:
@@ -338,21 +328,3 @@ class ShardedEngine(Engine):
             max_grad_norm=max_grad_norm,
             float8=float8,
         )
-
-
-def fused_by_default(optimizer: Lazy[Optimizer]) -> bool:
-    """Whether ``optimizer`` (a config not yet built) takes ``fused`` and leaves both ``fused``
-    and ``foreach`` unset."""
-    import inspect
-
-    params = optimizer._params  # the config as written; Tango's Lazy keeps no public view
-    given = params.as_dict(quiet=True) if hasattr(params, "as_dict") else dict(params or {})
-    if "fused" in given or "foreach" in given:
-        return False
-    name = given.get("type")
-    cls: Any
-    if isinstance(name, str) and name in Optimizer.list_available():
-        cls = Optimizer.resolve_class_name(name)[0]
-    else:
-        cls = optimizer._constructor  # a Lazy built from a class, not from a config
-    return inspect.isclass(cls) and "fused" in inspect.signature(cls).parameters

@@ -24,14 +24,21 @@ FLOAT8_RECIPES = ("tensorwise", "rowwise")
 TORCHAO = "torchao==0.18.0"
 
 
-def check_float8(recipe: str, precision: Precision, device: torch.device) -> None:
-    """Refuse (one line) a float8 setting this run cannot train with."""
+def check_float8_setting(recipe: str, precision: str) -> None:
+    """Refuse (one line) a float8 ``recipe`` unknown or with a ``precision`` (its name) float8
+    cannot compute around; told from the config alone."""
     one_of("float8", recipe, FLOAT8_RECIPES)
-    if precision.compute_dtype != torch.bfloat16:
+    if precision not in ("auto", "bf16-mixed", "bf16-true"):
         raise ConfigurationError(
             f"float8 computes around bf16: set precision to 'bf16-mixed' (or 'bf16-true'), "
-            f"not {precision.name!r}, or remove float8"
+            f"not {precision!r}, or remove float8"
         )
+
+
+def check_float8(recipe: str, precision: Precision, device: torch.device) -> None:
+    """Refuse (one line) a float8 setting this run cannot train with: :func:`check_float8_setting`
+    with the resolved precision, a device without float8 kernels, torchao missing."""
+    check_float8_setting(recipe, precision.name)
     if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
         raise ConfigurationError(
             "float8 needs an NVIDIA GPU with float8 tensor cores (compute capability 8.9 or "

@@ -35,6 +35,12 @@ needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="16-mixed n
         ),
         ({"type": "tango_fairscale::pipe", "pipe": {"chunks": 0}}, 1, "chunks"),
         ({"type": "tango_fairscale::pipe"}, 2, "set device_count=1"),
+        ({"type": "tango_fairscale::ddp", "float8": "rowwize"}, 1, "unknown float8 'rowwize'"),
+        (
+            {"type": "tango_fairscale::fsdp2", "float8": "tensorwise", "precision": "32-true"},
+            1,
+            "float8 computes around bf16: set precision to 'bf16-mixed'",
+        ),
     ],
 )
 def test_an_engine_block_is_refused_in_one_line_before_anything_is_built(

@@ -11,7 +11,7 @@ from conftest import engine_config
 from tango.common import Lazy, Params
 from tango.integrations.torch import Model, Optimizer, TrainConfig, TrainingEngine
 
-from tango_fairscale.parallel.engine import fused_by_default
+from tango_fairscale.parallel.optimizer import fused_by_default
 
 
 @pytest.mark.parametrize(
