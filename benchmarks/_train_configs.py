@@ -29,8 +29,8 @@ ROOT_ONLY_PATTERNS: list[str] = []
 
 ENGINES = ("ddp", "fairscale", "fsdp2", "pipe")
 FLOAT8_MODIFIERS = {"float8": "tensorwise", "float8row": "rowwise"}
-MODIFIERS = ("root", "ckpt", "offload", "noflat", "noreshard", "compile", "fused", "packed")
-MODIFIERS += tuple(FLOAT8_MODIFIERS)
+MODIFIERS: tuple[str, ...] = ("root", "ckpt", "offload", "noflat", "noreshard", "compile", "fused")
+MODIFIERS += ("packed", *FLOAT8_MODIFIERS)
 #: Modifiers that are not sharding options (the DDP engine takes them too).
 ENGINE_MODIFIERS = ("compile", "fused", "packed", *FLOAT8_MODIFIERS)
 PIPE_CHECKPOINT_MODES = ("never", "always", "except_last")

@@ -66,12 +66,14 @@ def to_float8(model: torch.nn.Module, recipe: str, emulate: bool) -> None:
     if emulate:
         config = Float8LinearConfig(**{**config.__dict__, "emulate": True})
     keep = _auto_filter_for_recipe(recipe, filter_fqns=[]) if auto else None
-    for block in model.transformer.h:
+    blocks: Any = model.transformer.h  # type: ignore[union-attr]
+    for block in blocks:
         for name, module in list(block.named_modules()):
             if not isinstance(module, Conv1D):
                 continue
             # Conv1D's weight is (in, out): the linear layer it equals.
-            if keep is None or keep(torch.nn.Linear(*module.weight.shape, device="meta"), name):
+            fan_in, fan_out = module.weight.shape
+            if keep is None or keep(torch.nn.Linear(fan_in, fan_out, device="meta"), name):
                 parent, _, child = name.rpartition(".")
                 setattr(block.get_submodule(parent), child, Float8Conv1D(module, config))
 
@@ -86,7 +88,7 @@ def run(shape: str, batch: int, seq: int, recipe: str, args: argparse.Namespace)
     params = sum(p.numel() for p in model.parameters())
     if recipe != "bf16":
         to_float8(model, recipe, args.emulate)
-    for block in model.transformer.h:
+    for block in model.transformer.h:  # type: ignore[union-attr]
         block.compile()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
     generator = torch.Generator().manual_seed(1)

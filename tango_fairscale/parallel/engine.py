@@ -144,10 +144,10 @@ class Engine(TrainingEngine):
         if on_gpu and self.precision.param_dtype == torch.float32:
             model.to(self.device)
         model.probe()
-        model = self.precision.convert_module(model)
+        converted: ModelWrapper = self.precision.convert_module(model)
         if self.float8 is not None:
-            apply_float8(model, self.float8)
-        return self.strategy.wrap(model)  # type: ignore[return-value]
+            apply_float8(converted, self.float8)
+        return self.strategy.wrap(converted)  # type: ignore[return-value]
 
     def _construct_optimizer(self, optimizer: Lazy[Optimizer]) -> Optimizer:
         # FairScale's and FSDP2's fp16 grad scalers fail inside fused steps (torch 2.11).

@@ -92,7 +92,7 @@ def apply_float8(model: torch.nn.Module, recipe: str, *, emulate: bool = False) 
     def fits(module: torch.nn.Module, _name: str = "") -> bool:
         nonlocal swapped
         takes = isinstance(module, (torch.nn.Linear, Conv1D))
-        takes = takes and all(size % 16 == 0 for size in module.weight.shape)
+        takes = takes and all(size % 16 == 0 for size in module.weight.shape)  # type: ignore[union-attr]
         swapped += takes
         return takes
 
