@@ -83,6 +83,13 @@ EARLIER: dict[str, dict[str, str | None]] = {
         "attention's plan per new length up to 1.2 s; the main job 55.0 s as a machine's third "
         "command",
     },
+    "checkpoint_ab_fsdp2_h100_331f446": {
+        "suite": None,
+        "target": "evidence (issue 32, background checkpoints): fsdp2's 1.5B checkpoint write "
+        "with DCP's snapshot copied to host memory against the same snapshot copied on the GPU",
+        "figure": "write 10.47 / 11.54 s (host copy, before and after) against 10.73 s (GPU "
+        "copy) in one call; visible 3.4-4.0 %",
+    },
     "profile_lm_eval_h100_a5e020c": {
         "suite": "profile-lm-eval",
         "figure": "analysis (H100, py-spy and torch.profiler): scoring passes' kernels 1.36 s "
