@@ -18,8 +18,9 @@ from ..checks import one_of
 from .precision import Precision
 from .sharding import default_unit_patterns, select_modules
 
-#: torchao's recipes: ``tensorwise`` (one scale per tensor, cuBLAS's kernel; the fastest) and
-#: ``rowwise`` (a scale per row, CUTLASS's kernel; more accurate, slower at GPT-2's widths).
+#: torchao's recipes: ``tensorwise`` (one scale per tensor, cuBLAS's kernel; the one measured
+#: here) and ``rowwise`` (a scale per row, CUTLASS's kernel; by torchao's own measurements more
+#: accurate and slower).
 FLOAT8_RECIPES = ("tensorwise", "rowwise")
 TORCHAO = "torchao==0.18.0"
 
@@ -36,14 +37,15 @@ def check_float8_setting(recipe: str, precision: str) -> None:
 
 
 def check_float8(recipe: str, precision: Precision, device: torch.device) -> None:
-    """Refuse (one line) a float8 setting this run cannot train with: :func:`check_float8_setting`
-    with the resolved precision, a device without float8 kernels, torchao missing."""
-    check_float8_setting(recipe, precision.name)
+    """Refuse (one line) a float8 setting this run cannot train with: a device without float8
+    kernels, then :func:`check_float8_setting` with the resolved precision, torchao missing."""
     if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
         raise ConfigurationError(
             "float8 needs an NVIDIA GPU with float8 tensor cores (compute capability 8.9 or "
             "later: H100, H200, L4, L40, RTX 40xx); remove float8"
         )
+    # After the device: ``auto`` resolves to bf16-mixed on every GPU with float8 kernels.
+    check_float8_setting(recipe, precision.name)
     try:
         import torchao.float8  # noqa: F401
     except ImportError:
@@ -80,7 +82,7 @@ def apply_float8(model: torch.nn.Module, recipe: str, *, emulate: bool = False) 
     """Swap the linear layers (``nn.Linear`` and GPT-2's ``Conv1D``) inside ``model``'s transformer
     blocks whose dimensions are multiples of 16 (float8's kernels need them) for float8 ones;
     ``emulate``: float8's rounding computed in high precision (CPUs, tests). Returns how many were
-    swapped."""
+    swapped; refuses (one line) a model where none can be."""
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     from transformers.pytorch_utils import Conv1D
 
@@ -91,7 +93,9 @@ def apply_float8(model: torch.nn.Module, recipe: str, *, emulate: bool = False) 
 
     def fits(module: torch.nn.Module, _name: str = "") -> bool:
         nonlocal swapped
-        takes = isinstance(module, (torch.nn.Linear, Conv1D))
+        # Exact types: a nested block's layers already swapped (torchao's layer is an nn.Linear)
+        # are not swapped again.
+        takes = type(module) in (torch.nn.Linear, Conv1D)
         takes = takes and all(size % 16 == 0 for size in module.weight.shape)  # type: ignore[union-attr]
         swapped += takes
         return takes
@@ -105,4 +109,9 @@ def apply_float8(model: torch.nn.Module, recipe: str, *, emulate: bool = False) 
         # torchao's own swap for nn.Linear; it also patches Inductor around a Triton miscompile
         # of float8 stores (torchao/float8/_inductor_patch.py).
         convert_to_float8_training(block, module_filter_fn=fits, config=config)
+    if not swapped:
+        raise ConfigurationError(
+            "float8: no linear layer of this model's transformer blocks has sizes that are "
+            "multiples of 16, as float8's kernels need; remove float8"
+        )
     return swapped

@@ -17,7 +17,7 @@ class RunInfo:
     or not state (the devices a launcher gave). A field is ``None`` when a file does not hold it
     (written by an older version)."""
 
-    precision: str | None = None  # Lightning's name, resolved: never "auto"
+    precision: str | None = None  # Lightning's name, resolved (never "auto"): precision_label
     world_size: int | None = None  # training processes
     device: str | None = None  # "cuda" or "cpu"
     global_batch: int | None = None  # examples per optimizer step, all ranks
@@ -51,3 +51,9 @@ def _typed(value: Any, hint: Any) -> Any:
     (wanted,) = (kind for kind in typing.get_args(hint) if kind is not type(None))
     ok = isinstance(value, wanted) and not isinstance(value, bool)
     return value if ok else None
+
+
+def precision_label(precision: str, float8: str | None) -> str:
+    """A run's precision as it is recorded and shown: Lightning's name, ``+RECIPE`` where the
+    engine's matmuls ran in float8 (``bf16-mixed+tensorwise``)."""
+    return f"{precision}+{float8}" if float8 else precision

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..records.run_info import RunInfo
+from ..records.run_info import RunInfo, precision_label
 from ..records.work_dir import RUN_INFO, TRAINING_LOG
 from .metrics import TaskMetrics, task_metrics
 from .run_state import StepStatus, run_status, step_statuses, wall_time
@@ -145,7 +145,8 @@ def summarise(reader: WorkspaceReader, run: RunRecord) -> RunSummary:
         **common,
         model=_describe_model(train.get("model")) or model,
         engine=_strip_prefix(engine.get("type")),
-        precision=info.precision or engine.get("precision", "auto"),
+        precision=info.precision
+        or precision_label(engine.get("precision", "auto"), engine.get("float8")),
         device_count=info.world_size or _dict(train.get("runtime")).get("device_count", 1),
         train_steps=train.get("train_steps"),
         training_log=None if log is None else str(log),

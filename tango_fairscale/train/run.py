@@ -20,7 +20,7 @@ from ..data.schedules import BatchSchedule
 from ..evaluation.harness import requests_built_once
 from ..parallel.engine import Engine
 from ..records.checkpoints import run_id
-from ..records.run_info import RunInfo
+from ..records.run_info import RunInfo, precision_label
 from ..records.training_log import TrainingLog
 from ..records.work_dir import FINAL_WEIGHTS, RUN_INFO, TRAINING_LOG
 from ..runtime.process_group import alone, barrier
@@ -300,7 +300,7 @@ class StepLoss:
 def write_run_info(path: Path, engine: Engine, plan: TrainPlan) -> None:
     """What this run resolved (:class:`~tango_fairscale.records.run_info.RunInfo`) into ``path``."""
     RunInfo(
-        precision=engine.precision.name,
+        precision=precision_label(engine.precision.name, engine.float8),
         world_size=plan.config.world_size,
         device=engine.device.type,
         global_batch=plan.batch_size,

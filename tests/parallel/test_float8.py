@@ -1,7 +1,7 @@
 """``parallel/float8.py``: the transformer blocks' projections swapped for torchao's float8 ones
 (GPT-2's ``Conv1D`` and ``nn.Linear`` alike) with the model's state unchanged, and a float8
 setting refused in one line where it cannot train. float8's kernels need an H100-class GPU: here
-torchao emulates their rounding on the CPU; ``scripts/gpu_tests.sh`` runs the GPU test."""
+torchao emulates their rounding on the CPU; ``benchmarks/gpu.sh tests`` runs the GPU test."""
 
 from __future__ import annotations
 
@@ -12,7 +12,12 @@ import torch
 from tango.common.exceptions import ConfigurationError
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from tango_fairscale.parallel.float8 import Float8Conv1D, apply_float8, check_float8
+from tango_fairscale.parallel.float8 import (
+    Float8Conv1D,
+    apply_float8,
+    check_float8,
+    check_float8_setting,
+)
 from tango_fairscale.parallel.precision import resolve_precision
 
 pytest.importorskip("torchao.float8")
@@ -66,44 +71,139 @@ def test_block_projections_become_float8_with_the_state_unchanged(family, swappe
         assert (grad - expected).norm() <= 0.2 * expected.norm() + 1e-6, name
 
 
-def test_float8_conv1d_is_gpt2s_projection() -> None:
-    """Without float8's rounding (its scales' cast undone by a high-precision matmul, emulated),
-    the swapped GPT-2 projection computes ``x @ weight + bias`` as Conv1D does, within
-    float8's step."""
+@pytest.mark.parametrize("rows", [(12,), (3, 4)])
+@pytest.mark.parametrize("autocast", [False, True])
+def test_float8_conv1d_computes_what_torchaos_layer_does_with_the_transposed_weight(
+    rows, autocast
+) -> None:
+    """GPT-2's projection swapped: the output (values and dtype) and both gradients equal
+    torchao's own float8 layer over the linear weight that Conv1D's ``(in, out)`` one transposes,
+    for inputs of rank 2 and 3, with and without bf16 autocast."""
     from torchao.float8 import Float8LinearConfig
+    from torchao.float8.float8_linear import Float8Linear
     from transformers.pytorch_utils import Conv1D
 
+    config = Float8LinearConfig(emulate=True)
+    torch.manual_seed(0)
     conv = Conv1D(48, 32)
+    torch.nn.init.normal_(conv.weight)
     torch.nn.init.normal_(conv.bias)
-    swapped = Float8Conv1D(conv, Float8LinearConfig(emulate=True))
-    x = torch.randn(4, 5, 32)
-    assert swapped(x).shape == conv(x).shape == (4, 5, 48)
-    torch.testing.assert_close(swapped(x), conv(x), rtol=0.15, atol=0.15)
+    linear = torch.nn.Linear(32, 48)
+    linear.weight = torch.nn.Parameter(conv.weight.detach().t().clone())
+    linear.bias = torch.nn.Parameter(conv.bias.detach().clone())
+    reference = Float8Linear.from_float(linear, config)
+    swapped = Float8Conv1D(conv, config)
+    x = torch.randn(*rows, 32)
+    results = []
+    for layer in (swapped, reference):
+        given = x.clone().requires_grad_()
+        if layer is swapped:
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                out = layer(given)
+        else:  # torchao's layer casts to the GPU's autocast dtype even on a CPU: cast here
+            out = layer(given.to(torch.bfloat16) if autocast else given)
+        out.float().square().sum().backward()
+        results.append((out, given.grad))
+    ours, theirs = results
+    assert ours[0].dtype == (torch.bfloat16 if autocast else torch.float32)
+    assert ours[0].shape == (*rows, 48)
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+    torch.testing.assert_close(conv.weight.grad, linear.weight.grad.t(), rtol=0, atol=0)
+    torch.testing.assert_close(conv.bias.grad, linear.bias.grad, rtol=0, atol=0)
+    assert not torch.equal(ours[0].float(), conv(x).float())  # float8's rounding applied
 
 
-def test_projections_with_sizes_float8_cannot_take_stay_as_they_are() -> None:
-    """float8's kernels need every dimension a multiple of 16: a width of 40 keeps them all."""
+def test_projections_float8_cannot_take_are_kept_and_a_model_with_none_is_refused() -> None:
+    """float8's kernels need every dimension a multiple of 16: a width of 40 leaves nothing to
+    swap, refused in one line rather than trained in bf16 under a float8 label."""
     model = small_model("gpt2", n_embd=40, n_head=2)
-    assert apply_float8(model, "tensorwise", emulate=True) == 0
+    with pytest.raises(ConfigurationError, match="float8: no linear layer of this model") as error:
+        apply_float8(model, "tensorwise", emulate=True)
+    assert "\n" not in str(error.value)
     assert not any("Float8" in type(m).__name__ for m in model.modules())
 
 
+def test_a_layer_inside_nested_blocks_is_swapped_once() -> None:
+    """Block classes nested in each other (both in ``_no_split_modules``): the inner block's
+    layers, swapped first, are not swapped again by the outer one."""
+
+    class Inner(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = torch.nn.Linear(32, 32)
+
+    class Outer(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner, self.proj = Inner(), torch.nn.Linear(32, 32)
+
+    class Nested(torch.nn.Module):
+        _no_split_modules = ["Outer", "Inner"]
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = torch.nn.ModuleList([Outer(), Outer()])
+
+    model = Nested()
+    assert apply_float8(model, "tensorwise", emulate=True) == 4
+    inner = model.blocks[0].inner.proj
+    assert type(inner).__name__ == "Float8Linear"
+    assert all(type(m).__name__ != "Float8Linear" for m in inner.children())
+
+
+def test_the_engine_trains_its_model_with_float8_layers(monkeypatch, tmp_path, tiny_model_dir):
+    """The engine's wiring (the GPU check taken away, float8 emulated on the CPU): the wrapped
+    model holds float8 projections, a bf16-mixed step trains them, and no CUDA graphs replay
+    the step."""
+    import functools
+
+    from conftest import engine_config
+    from tango.common import Lazy, Params
+    from tango.integrations.torch import Model, TrainConfig, TrainingEngine
+
+    import tango_fairscale.parallel.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "check_float8", lambda *args: None)
+    emulated = functools.partial(apply_float8, emulate=True)
+    monkeypatch.setattr(engine_module, "apply_float8", emulated)
+    config = TrainConfig("f8", tmp_path, devices=[-1], world_size=1, is_distributed=False)
+    given = {"type": "tango_fairscale::causal_lm", "model": str(tiny_model_dir)}
+    fields = engine_config("tango_fairscale::ddp", precision="bf16-mixed", float8="tensorwise")
+    engine = Lazy(TrainingEngine, Params(fields)).construct(
+        train_config=config, model=Lazy(Model, Params(given))
+    )
+    layers = [m for m in engine.model.modules() if isinstance(m, Float8Conv1D)]
+    assert len(layers) == 2 * 4 and engine.graphs is None
+    ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+    before = layers[0].weight.detach().clone()
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
+    loss, _ = engine.forward_train(batch, 0, 1)
+    engine.backward(loss)
+    engine.step()
+    assert torch.isfinite(loss) and not torch.equal(before, layers[0].weight)
+
+
 @pytest.mark.parametrize(
-    "recipe, precision, device, message",
+    "recipe, precision, message",
     [
-        ("tensorwise", "32-true", "cpu", "float8 computes around bf16: set precision"),
-        ("tensorwise", "bf16-mixed", "cpu", "float8 needs an NVIDIA GPU with float8 tensor"),
-        ("columnwise", "bf16-mixed", "cpu", "unknown float8 .columnwise.; choose one of tens"),
+        ("tensorwise", "32-true", "float8 computes around bf16: set precision to 'bf16-mixed'"),
+        ("rowwise", "16-mixed", "float8 computes around bf16: set precision to 'bf16-mixed'"),
+        ("columnwise", "bf16-mixed", "unknown float8 'columnwise'; choose one of tensorwise"),
     ],
 )
-def test_a_float8_setting_that_cannot_train_is_refused_in_one_line(
-    recipe, precision, device, message
-) -> None:
+def test_a_float8_setting_is_refused_from_the_config_in_one_line(recipe, precision, message):
     with pytest.raises(ConfigurationError, match=message) as error:
-        check_float8(
-            recipe, resolve_precision(precision, torch.device(device)), torch.device(device)
-        )
+        check_float8_setting(recipe, precision)
     assert "\n" not in str(error.value)
+    check_float8_setting("rowwise", "auto")  # resolved on the device, checked there
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "32-true"])
+def test_float8_without_a_float8_gpu_is_refused_for_the_device_first(precision) -> None:
+    """On a CPU the device is what to change, whatever precision ``auto`` resolved to there."""
+    cpu = torch.device("cpu")
+    with pytest.raises(ConfigurationError, match="float8 needs an NVIDIA GPU with float8 tensor"):
+        check_float8("tensorwise", resolve_precision(precision, cpu), cpu)
 
 
 @pytest.mark.skipif(

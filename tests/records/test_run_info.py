@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tango_fairscale.records.run_info import RunInfo
+from tango_fairscale.records.run_info import RunInfo, precision_label
 
 
 def test_a_record_reads_back_as_written(tmp_path: Path) -> None:
@@ -26,3 +26,9 @@ def test_missing_unreadable_and_mistyped_fields_read_as_unknown(tmp_path: Path) 
     assert RunInfo.read(path) == RunInfo(precision="32-true")
     path.write_text('{"world_size": 4, "global_batch": "16"}')
     assert RunInfo.read(path) == RunInfo(world_size=4)
+
+
+def test_a_float8_run_is_recorded_with_its_recipe() -> None:
+    """A float8 run is told apart from a plain one of the same precision (``results`` labels)."""
+    assert precision_label("bf16-mixed", "tensorwise") == "bf16-mixed+tensorwise"
+    assert precision_label("bf16-mixed", None) == "bf16-mixed"
