@@ -30,7 +30,7 @@ from ..runtime.devices import move_batch
 from ..runtime.process_group import join_process_group
 from . import consolidate
 from .backward_step import BackwardStep
-from .float8 import apply_float8, check_float8, check_float8_setting
+from .float8 import apply_float8, check_float8, check_float8_setting, warn_if_uncompiled
 from .graphs import GraphedSteps
 from .optimizer import build_optimizer
 from .precision import PRECISIONS, LossScaling, resolve_precision
@@ -147,7 +147,10 @@ class Engine(TrainingEngine):
         converted: ModelWrapper = self.precision.convert_module(model)
         if self.float8 is not None:
             apply_float8(converted, self.float8)
-        return self.strategy.wrap(converted)  # type: ignore[return-value]
+        wrapped = self.strategy.wrap(converted)
+        if self.float8 is not None:
+            warn_if_uncompiled(wrapped)
+        return wrapped  # type: ignore[return-value]
 
     def _construct_optimizer(self, optimizer: Lazy[Optimizer]) -> Optimizer:
         # FairScale's and FSDP2's fp16 grad scalers fail inside fused steps (torch 2.11).

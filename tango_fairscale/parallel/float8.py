@@ -9,6 +9,7 @@ cast to float8 on the fly (e4m3 forward, e5m2 gradients for ``tensorwise``).
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -17,6 +18,8 @@ from tango.common.exceptions import ConfigurationError
 from ..checks import one_of
 from .precision import Precision
 from .sharding import default_unit_patterns, select_modules
+
+logger = logging.getLogger(__name__)
 
 #: torchao's recipes: ``tensorwise`` (one scale per tensor, cuBLAS's kernel; the one measured
 #: here) and ``rowwise`` (a scale per row, CUTLASS's kernel; by torchao's own measurements more
@@ -115,3 +118,14 @@ def apply_float8(model: torch.nn.Module, recipe: str, *, emulate: bool = False) 
             "multiples of 16, as float8's kernels need; remove float8"
         )
     return swapped
+
+
+def warn_if_uncompiled(model: torch.nn.Module) -> None:
+    """Warn where float8 trains a model with no compiled module: its scaling and casts then run
+    as eager kernels of their own, and no CUDA graph replays the step."""
+    if not any(getattr(module, "_compiled_call_impl", None) for module in model.modules()):
+        logger.warning(
+            "float8 without compile is slow (on one H100, GPT-2 124M on PIQA batches of 16: "
+            "138.5 ms a step against bf16's 38.7 ms); set compile: true (the sharded engines' "
+            "sharding.compile, ddp's compile)"
+        )

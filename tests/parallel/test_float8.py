@@ -151,10 +151,12 @@ def test_a_layer_inside_nested_blocks_is_swapped_once() -> None:
     assert all(type(m).__name__ != "Float8Linear" for m in inner.children())
 
 
-def test_the_engine_trains_its_model_with_float8_layers(monkeypatch, tmp_path, tiny_model_dir):
+def test_the_engine_trains_its_model_with_float8_layers(
+    monkeypatch, tmp_path, tiny_model_dir, caplog
+) -> None:
     """The engine's wiring (the GPU check taken away, float8 emulated on the CPU): the wrapped
-    model holds float8 projections, a bf16-mixed step trains them, and no CUDA graphs replay
-    the step."""
+    model holds float8 projections, a bf16-mixed step trains them, no CUDA graphs replay the
+    step, and a warning says that without compile it is slow."""
     import functools
 
     from conftest import engine_config
@@ -172,6 +174,7 @@ def test_the_engine_trains_its_model_with_float8_layers(monkeypatch, tmp_path, t
     engine = Lazy(TrainingEngine, Params(fields)).construct(
         train_config=config, model=Lazy(Model, Params(given))
     )
+    assert "float8 without compile is slow" in caplog.text
     layers = [m for m in engine.model.modules() if isinstance(m, Float8Conv1D)]
     assert len(layers) == 2 * 4 and engine.graphs is None
     ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
