@@ -76,7 +76,7 @@ class Engine(TrainingEngine):
         self.precision = resolve_precision(precision, self.device)
         self.float8 = float8
         if float8 is not None:
-            check_float8(float8, self.precision, self.device)
+            check_float8(float8, self.precision, strategy.compute_devices(self.device))
         self.max_grad_norm = max_grad_norm
         strategy.setup(Placement(self.device, self.precision, train_config))
         self.strategy = strategy = strategy.on_one_gpu()

@@ -10,6 +10,7 @@ cast to float8 on the fly (e4m3 forward, e5m2 gradients for ``tensorwise``).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -39,14 +40,16 @@ def check_float8_setting(recipe: str, precision: str) -> None:
         )
 
 
-def check_float8(recipe: str, precision: Precision, device: torch.device) -> None:
-    """Refuse (one line) a float8 setting this run cannot train with: a device without float8
-    kernels, then :func:`check_float8_setting` with the resolved precision, torchao missing."""
-    if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
-        raise ConfigurationError(
-            "float8 needs an NVIDIA GPU with float8 tensor cores (compute capability 8.9 or "
-            "later: H100, H200, L4, L40, RTX 40xx); remove float8"
-        )
+def check_float8(recipe: str, precision: Precision, devices: Sequence[torch.device]) -> None:
+    """Refuse (one line) a float8 setting this run cannot train with: a device it computes on
+    without float8 kernels, then :func:`check_float8_setting` with the resolved precision,
+    torchao missing."""
+    for device in devices:
+        if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
+            raise ConfigurationError(
+                f"float8 needs NVIDIA GPUs with float8 tensor cores (compute capability 8.9 or "
+                f"later: H100, H200, L4, L40, RTX 40xx), and {device} is not one; remove float8"
+            )
     # After the device: ``auto`` resolves to bf16-mixed on every GPU with float8 kernels.
     check_float8_setting(recipe, precision.name)
     try:

@@ -149,6 +149,9 @@ class PipeStrategy(Strategy):
         self.tied: TiedWeight | None = None
         self.stage_devices: list[torch.device] = []  # once wrapped: one per stage
 
+    def compute_devices(self, device: torch.device) -> list[torch.device]:
+        return list(self.devices)  # every stage's, whichever device the process names
+
     def wrap(self, model: ModelWrapper) -> torch.nn.Module:
         layers = num_layers(model.model)  # refuses models it cannot split
         if self.balance is None:

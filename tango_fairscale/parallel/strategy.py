@@ -51,6 +51,10 @@ class Strategy(ABC):
         work."""
         self.placement = placement
 
+    def compute_devices(self, device: torch.device) -> list[torch.device]:
+        """The devices this process computes on, given its own ``device``: that one."""
+        return [device]
+
     def on_one_gpu(self) -> Strategy:
         """The strategy that runs once set up: this one; a sharded one gives way to
         :class:`OneDeviceStrategy` where it would shard over one GPU (nothing to shard, its

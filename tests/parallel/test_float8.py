@@ -205,8 +205,20 @@ def test_a_float8_setting_is_refused_from_the_config_in_one_line(recipe, precisi
 def test_float8_without_a_float8_gpu_is_refused_for_the_device_first(precision) -> None:
     """On a CPU the device is what to change, whatever precision ``auto`` resolved to there."""
     cpu = torch.device("cpu")
-    with pytest.raises(ConfigurationError, match="float8 needs an NVIDIA GPU with float8 tensor"):
-        check_float8("tensorwise", resolve_precision(precision, cpu), cpu)
+    with pytest.raises(ConfigurationError, match="float8 needs NVIDIA GPUs .* cpu is not one"):
+        check_float8("tensorwise", resolve_precision(precision, cpu), [cpu])
+
+
+def test_every_device_a_run_computes_on_must_take_float8(monkeypatch) -> None:
+    """The pipe's stages on several GPUs: one without float8 kernels (an A100 beside an H100) is
+    named."""
+    capabilities = {0: (9, 0), 1: (8, 0)}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d: capabilities[d.index])
+    devices = [torch.device("cuda", 0), torch.device("cuda", 1)]
+    bf16 = resolve_precision("bf16-mixed", devices[0])
+    with pytest.raises(ConfigurationError, match="cuda:1 is not one; remove float8"):
+        check_float8("tensorwise", bf16, devices)
+    check_float8("tensorwise", bf16, devices[:1])  # torchao is installed here
 
 
 @pytest.mark.skipif(
@@ -219,11 +231,8 @@ def test_float8_trains_gpt2_on_a_gpu_near_bf16() -> None:
     losses = {}
     for recipe in ("bf16", "tensorwise"):
         model = small_model("gpt2", n_embd=256, n_head=4).cuda()
-        check_float8(
-            "tensorwise",
-            resolve_precision("bf16-mixed", torch.device("cuda")),
-            torch.device("cuda"),
-        )
+        gpu = torch.device("cuda")
+        check_float8("tensorwise", resolve_precision("bf16-mixed", gpu), [gpu])
         if recipe != "bf16":
             apply_float8(model, recipe)
         for block in model.transformer.h:
