@@ -34,7 +34,7 @@ from .float8 import apply_float8, check_float8, check_float8_setting, warn_if_un
 from .graphs import GraphedSteps
 from .optimizer import build_optimizer
 from .precision import PRECISIONS, LossScaling, resolve_precision
-from .sharding import ShardingConfig
+from .sharding import ShardingConfig, has_compiled_module
 from .strategy import Placement, ShardedStrategy, Strategy, unwrap
 
 
@@ -179,13 +179,12 @@ class Engine(TrainingEngine):
         return self.strategy.accepts_packed_batches(self.wrapped_model)
 
     def _replays(self) -> bool:
-        compiled = any(getattr(m, "_compiled_call_impl", None) for m in self.model.modules())
         return (
             self.device.type == "cuda"
             and not self.train_config.is_distributed
             and self.model is self.wrapped_model
             and self.grad_scaler is None
-            and not compiled
+            and not has_compiled_module(self.model)
             and self.float8 is None  # float8's captured steps: not measured
         )
 

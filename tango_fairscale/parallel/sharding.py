@@ -224,6 +224,11 @@ def apply_checkpointing(
         replace_module(model, name, checkpoint(model.get_submodule(name)))
 
 
+def has_compiled_module(model: torch.nn.Module) -> bool:
+    """Whether any module of ``model`` was compiled in place (``Module.compile``)."""
+    return any(getattr(module, "_compiled_call_impl", None) for module in model.modules())
+
+
 def apply_sharding(
     model: torch.nn.Module,
     units: Sequence[str],
