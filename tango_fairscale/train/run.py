@@ -124,6 +124,13 @@ class TrainingRun:
         if self.unread is not None:
             self.guard.observe(self.unread.step, self.unread.value())
 
+    def read_loss(self, done: int) -> None:
+        """Read step ``done``'s loss where it is not read yet: the guard raises on a broken one
+        (not finite, diverged)."""
+        if self.unread is not None and self.unread.step == done:
+            self.guard.observe(done, self.unread.value())
+            self.unread = None
+
     def stepped(self, step: int, loss: torch.Tensor, batches: list, outputs: list) -> None:
         """After step ``step``'s optimizer step: count its tokens, call ``post_batch``."""
         self.unread = StepLoss(step + 1, loss)
@@ -159,8 +166,7 @@ class TrainingRun:
         """Log the loss, learning rate and throughput after ``done`` steps (rank 0), once every
         rank agrees that the run is sound and not preempted (preempted: checkpoint and stop)."""
         assert self.unread is not None
-        self.guard.observe(done, self.unread.value())
-        self.unread = None
+        self.read_loss(done)
         if "first_step" in self.clock.seconds:
             self.clock.lap("steps")
         else:  # the first step's loss (the first log step's, after a resume) reached the host
@@ -218,9 +224,7 @@ class TrainingRun:
         supersedes a write still in flight (abandoned, not waited for). A step whose loss was not
         read yet (a deferred checkpoint's, a stop's) has it read first: a broken step's weights
         never become a checkpoint."""
-        if self.unread is not None and self.unread.step == done:
-            self.guard.observe(done, self.unread.value())
-            self.unread = None
+        self.read_loss(done)
         extra = self.checkpoint_extra()
         final = done == self.plan.train_steps
         model_only = final and not self.plan.runtime.keep_optimizer_state
