@@ -30,7 +30,13 @@ from ..runtime.devices import move_batch
 from ..runtime.process_group import join_process_group
 from . import consolidate
 from .backward_step import BackwardStep
-from .float8 import apply_float8, check_float8, check_float8_setting, warn_if_uncompiled
+from .float8 import (
+    apply_float8,
+    check_float8,
+    check_float8_machine,
+    check_float8_setting,
+    warn_if_uncompiled,
+)
 from .graphs import GraphedSteps
 from .optimizer import build_optimizer
 from .precision import PRECISIONS, LossScaling, resolve_precision
@@ -119,6 +125,7 @@ class Engine(TrainingEngine):
         one_of("precision", fields.get("precision", "auto"), PRECISIONS)
         if fields.get("float8") is not None:
             check_float8_setting(fields["float8"], fields.get("precision", "auto"))
+            check_float8_machine()
         positive_number("max_grad_norm", fields.get("max_grad_norm"), optional=True)
         for name, parameter in parameters.items():
             block = fields.get(name)

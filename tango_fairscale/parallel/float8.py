@@ -40,22 +40,33 @@ def check_float8_setting(recipe: str, precision: str) -> None:
         )
 
 
+def check_float8_machine() -> None:
+    """Refuse (one line) float8 on a machine without CUDA GPUs, told without starting CUDA (in
+    the launching process; :func:`check_float8` checks each device where the engine is built)."""
+    if not torch.cuda.is_available():
+        raise ConfigurationError(_needs_float8_gpus("this machine has none"))
+
+
 def check_float8(recipe: str, precision: Precision, devices: Sequence[torch.device]) -> None:
     """Refuse (one line) a float8 setting this run cannot train with: a device it computes on
     without float8 kernels, then :func:`check_float8_setting` with the resolved precision,
     torchao missing."""
     for device in devices:
         if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
-            raise ConfigurationError(
-                f"float8 needs NVIDIA GPUs with float8 tensor cores (compute capability 8.9 or "
-                f"later: H100, H200, L4, L40, RTX 40xx), and {device} is not one; remove float8"
-            )
+            raise ConfigurationError(_needs_float8_gpus(f"{device} is not one"))
     # After the device: ``auto`` resolves to bf16-mixed on every GPU with float8 kernels.
     check_float8_setting(recipe, precision.name)
     try:
         import torchao.float8  # noqa: F401
     except ImportError:
         raise ConfigurationError(f"float8 needs torchao: pip install {TORCHAO}") from None
+
+
+def _needs_float8_gpus(why: str) -> str:
+    return (
+        "float8 needs NVIDIA GPUs with float8 tensor cores (compute capability 8.9 or later: "
+        f"H100, H200, L4, L40, RTX 40xx), and {why}; remove float8"
+    )
 
 
 class Float8Conv1D(torch.nn.Module):

@@ -55,6 +55,19 @@ def test_an_engine_block_is_refused_in_one_line_before_anything_is_built(
     assert "\n" not in str(error.value)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="refused where no GPU is")
+def test_float8_on_a_machine_without_gpus_is_refused_before_anything_is_built() -> None:
+    from tango.common.exceptions import ConfigurationError
+
+    from tango_fairscale.compat import check_engine_config
+
+    fields = {"type": "tango_fairscale::fairscale", "float8": "tensorwise"}
+    message = "float8 needs NVIDIA GPUs .*, and this machine has none; remove float8"
+    with pytest.raises(ConfigurationError, match=message) as error:
+        check_engine_config(lazy_engine(fields), 1)
+    assert "\n" not in str(error.value)
+
+
 def test_the_engine_names_are_the_registered_engines_and_the_configs_engines() -> None:
     """``ENGINES`` (the command line's choices) is every engine the package registers, and the
     configs' ``engine(name, ...)`` gives each its registered type (evaluated by rjsonnet, as
