@@ -22,12 +22,19 @@ packages from a file (:mod:`.package_metadata`) as :data:`DISTRIBUTIONS_READER` 
 lets transformers' loss functions (:data:`SCIPY_READER`, imported by its modeling code) find
 scipy absent while they are imported: they import its optimizer (0.4-0.85 s a process, measured
 on an H100's host: ``profile_lm_eval_h100_a5e020c.txt``) for object-detection models' losses,
-which the package never trains; scipy itself is not hidden from anything else.
+which the package never trains; scipy itself is not hidden from anything else. Likewise its
+torchao quantizer (:data:`TORCHAO_READER`, imported by its modeling code) is imported while
+torchao seems absent: where torchao is installed (the ``float8`` extra) it imported torchao in
+every process that loads a model (0.22-0.24 s on 2 cores), for checkpoints quantized by torchao;
+the quantizer gets the real availability check back, and the one torchao function it binds at
+import (:data:`TORCHAO_NAMES`) imports torchao when called, so such checkpoints load and save as
+before.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import importlib.abc
 import importlib.machinery
 import sys
@@ -43,15 +50,22 @@ DISTRIBUTIONS_READER = "transformers.utils.import_utils"
 #: transformers' module whose import imports its object-detection losses, which import scipy's
 #: optimizer when scipy is installed.
 SCIPY_READER = "transformers.loss.loss_utils"
+#: transformers' quantizer for torchao's checkpoints, which imports torchao when it is installed.
+TORCHAO_READER = "transformers.quantizers.quantizer_torchao"
+#: What :data:`TORCHAO_READER` binds from torchao at its import: (module, name).
+TORCHAO_NAMES = (
+    ("torchao.prototype.safetensors.safetensors_support", "flatten_tensor_state_dict"),
+)
 
 
 class _BeforeTransformersReads(importlib.abc.MetaPathFinder):
     """Applies :func:`skip_sklearn_import` when a module of :data:`SKLEARN_READERS` is about to
     be imported (``transformers.utils`` is imported by then, with its parent packages), and
     :func:`~.package_metadata.remember_packages_distributions_once` before
-    :data:`DISTRIBUTIONS_READER`; finds :data:`SCIPY_READER` as the import system's own path
-    finder does, its loader run without scipy (:func:`_imported_without_scipy`), and nothing
-    else itself. It stays in ``sys.meta_path``: the import system is iterating that list."""
+    :data:`DISTRIBUTIONS_READER`; finds :data:`SCIPY_READER` and :data:`TORCHAO_READER` as the
+    import system's own path finder does, their loaders run without scipy and torchao
+    (:func:`_imported_without`), and nothing else itself. It stays in ``sys.meta_path``: the
+    import system is iterating that list."""
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: Any = None
@@ -61,28 +75,38 @@ class _BeforeTransformersReads(importlib.abc.MetaPathFinder):
         if fullname in SKLEARN_READERS:
             skip_sklearn_import()
         if fullname == SCIPY_READER:
-            return _imported_without_scipy(fullname, path)
+            return _imported_without(fullname, path, "is_scipy_available")
+        if fullname == TORCHAO_READER:
+            return _imported_without(fullname, path, "is_torchao_available", TORCHAO_NAMES)
         return None
 
 
-def _imported_without_scipy(
-    fullname: str, path: Sequence[str] | None
+def _imported_without(
+    fullname: str,
+    path: Sequence[str] | None,
+    check: str,
+    lazy_names: Sequence[tuple[str, str]] = (),
 ) -> importlib.machinery.ModuleSpec | None:
     """The spec the import system would find for ``fullname``, its loader run with transformers'
-    ``is_scipy_available`` answering ``False``."""
+    ``check`` (``is_scipy_available``, ...) answering ``False`` (:class:`_ImportedWithout`)."""
     spec = importlib.machinery.PathFinder.find_spec(fullname, path)
     if spec is None or spec.loader is None:
         return spec
-    spec.loader = _WithoutScipy(spec.loader)
+    spec.loader = _ImportedWithout(spec.loader, check, lazy_names)
     return spec
 
 
-class _WithoutScipy(importlib.abc.Loader):
-    """A module's own loader, its module executed while ``transformers.utils`` says scipy is
-    absent (what its imports bind then); anything else is the loader's own."""
+class _ImportedWithout(importlib.abc.Loader):
+    """A module's own loader, its module executed while ``transformers.utils``' ``check`` says a
+    package is absent (what its imports bind then). Afterwards the module's own ``check`` is the
+    real one again and, where the package is installed, each of ``lazy_names`` (``(module,
+    name)``, what it would have imported) a function that imports the real one when called.
+    Anything else is the loader's own."""
 
-    def __init__(self, loader: Any) -> None:
+    def __init__(self, loader: Any, check: str, lazy_names: Sequence[tuple[str, str]]) -> None:
         self.loader = loader
+        self.check = check
+        self.lazy_names = lazy_names
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.loader, name)
@@ -93,12 +117,28 @@ class _WithoutScipy(importlib.abc.Loader):
     def exec_module(self, module: Any) -> None:
         import transformers.utils as utils
 
-        available = utils.is_scipy_available
-        utils.is_scipy_available = _absent  # type: ignore[assignment]
+        available = getattr(utils, self.check)
+        setattr(utils, self.check, _absent)
         try:
             self.loader.exec_module(module)
         finally:
-            utils.is_scipy_available = available  # type: ignore[assignment]
+            setattr(utils, self.check, available)
+        if getattr(module, self.check, None) is _absent:
+            setattr(module, self.check, available)
+        if available():
+            for source, name in self.lazy_names:
+                if not hasattr(module, name):
+                    setattr(module, name, _imported_when_called(source, name))
+
+
+def _imported_when_called(source: str, name: str) -> Any:
+    """A stand-in for ``source.name`` that imports it at its first call and calls it."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return getattr(importlib.import_module(source), name)(*args, **kwargs)
+
+    call.__name__ = name
+    return call
 
 
 def _absent() -> bool:

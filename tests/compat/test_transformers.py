@@ -26,25 +26,35 @@ def test_packed_sequences_are_not_looked_for_within_the_block() -> None:
 
 
 @pytest.mark.slow  # two fresh interpreters importing transformers: ~15 s on 2 cores
-def test_the_training_code_imports_no_scikit_learn_nor_scipys_optimizer() -> None:
+def test_the_training_code_imports_no_scikit_learn_nor_scipys_optimizer_nor_torchao() -> None:
     """Every component registered and transformers' generation and modeling code imported:
     scikit-learn (transformers imports it for assisted generation only) stays out of the
-    process, and so does scipy's optimizer (for its object-detection losses), while transformers
-    still finds scipy installed; without the fixes both are there."""
+    process, and so do scipy's optimizer (for its object-detection losses) and torchao (for its
+    quantized checkpoints), while transformers still finds both installed and its torchao
+    quantizer saves through torchao's own function; without the fixes all three are there."""
+    pytest.importorskip("torchao")  # the dev extra installs it (for float8)
     code = (
-        "import sys\n"
+        "import sys, torch\n"
         "from tango.common.util import import_module_and_submodules\n"
         "import_module_and_submodules('tango_fairscale')\n"
         "import transformers.generation.candidate_generator, transformers.modeling_utils\n"
         "from transformers.utils import is_scipy_available\n"
+        "from transformers.quantizers import quantizer_torchao as quantizer\n"
         "print(sorted(name for name in sys.modules if name.split('.')[0] == 'sklearn')[:1],\n"
-        "      'scipy.optimize' in sys.modules, is_scipy_available())\n"
+        "      'scipy.optimize' in sys.modules, is_scipy_available(),\n"
+        "      'torchao' in sys.modules, quantizer.is_torchao_available())\n"
+        "state = {'w': torch.arange(4.0)}\n"
+        "flat, metadata = quantizer.flatten_tensor_state_dict(state)\n"
+        "from torchao.prototype.safetensors import safetensors_support as torchaos\n"
+        "expected = torchaos.flatten_tensor_state_dict(state)\n"
+        "print(sorted(flat) == sorted(expected[0]) and metadata == expected[1]\n"
+        "      and all(torch.equal(flat[k], expected[0][k]) for k in flat))\n"
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert run.stdout.strip() == "[] False True", run.stdout
+    assert run.stdout.split() == ["[]", "False", "True", "False", "True", "True"], run.stdout
     control = (
         "import transformers.generation.candidate_generator, transformers.modeling_utils, sys\n"
-        "print('sklearn' in sys.modules, 'scipy.optimize' in sys.modules)"
+        "print('sklearn' in sys.modules, 'scipy.optimize' in sys.modules, 'torchao' in sys.modules)"
     )
     unfixed = subprocess.run([sys.executable, "-c", control], capture_output=True, text=True)
-    assert unfixed.stdout.strip() == "True True", unfixed.stderr[-2000:]
+    assert unfixed.stdout.strip() == "True True True", unfixed.stderr[-2000:]
