@@ -151,12 +151,13 @@ def test_a_layer_inside_nested_blocks_is_swapped_once() -> None:
     assert all(type(m).__name__ != "Float8Linear" for m in inner.children())
 
 
+@pytest.mark.parametrize("engine_name", ["tango_fairscale::ddp", "tango_fairscale::pipe"])
 def test_the_engine_trains_its_model_with_float8_layers(
-    monkeypatch, tmp_path, tiny_model_dir, caplog
+    engine_name, monkeypatch, tmp_path, tiny_model_dir, caplog
 ) -> None:
     """The engine's wiring (the GPU check taken away, float8 emulated on the CPU): the wrapped
-    model holds float8 projections, a bf16-mixed step trains them, no CUDA graphs replay the
-    step, and a warning says that without compile it is slow."""
+    model (the pipe's: its stages) holds float8 projections, a bf16-mixed step trains them, no
+    CUDA graphs replay the step, and a warning says that without compile it is slow."""
     import functools
 
     from conftest import engine_config
@@ -170,14 +171,15 @@ def test_the_engine_trains_its_model_with_float8_layers(
     monkeypatch.setattr(engine_module, "apply_float8", emulated)
     config = TrainConfig("f8", tmp_path, devices=[-1], world_size=1, is_distributed=False)
     given = {"type": "tango_fairscale::causal_lm", "model": str(tiny_model_dir)}
-    fields = engine_config("tango_fairscale::ddp", precision="bf16-mixed", float8="tensorwise")
+    fields = engine_config(engine_name, precision="bf16-mixed", float8="tensorwise")
     engine = Lazy(TrainingEngine, Params(fields)).construct(
         train_config=config, model=Lazy(Model, Params(given))
     )
     assert "float8 without compile is slow" in caplog.text
     layers = [m for m in engine.model.modules() if isinstance(m, Float8Conv1D)]
     assert len(layers) == 2 * 4 and engine.graphs is None
-    ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+    # Four rows: the pipe's four chunks of a micro-batch.
+    ids = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(0))
     before = layers[0].weight.detach().clone()
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
     loss, _ = engine.forward_train(batch, 0, 1)
