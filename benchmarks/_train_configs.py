@@ -11,7 +11,7 @@
   ``tensorwise`` / ``rowwise``).
 * MODIFIERS (pipe): ``cN`` (N chunks = micro-batches, default 4), ``ckpt-always`` /
   ``ckpt-never`` / ``ckpt-except_last`` (default), ``bA_B`` (A and B blocks per stage; default
-  automatic by parameter count).
+  automatic by parameter count), ``float8`` / ``float8row``.
 
 :func:`engine_params` turns a parsed configuration into the ``Params`` of a registered Tango
 ``TrainingEngine`` (``tango_fairscale::<engine>``), as a config file would give them.
@@ -97,7 +97,7 @@ def parse_config(name: str) -> dict[str, Any]:
 
 def parse_pipe_modifiers(name: str, tokens: list[str]) -> dict[str, Any]:
     """``c8``, ``ckpt-always`` / ``ckpt-never`` / ``ckpt-except_last``, ``b8_4`` (blocks per
-    stage; default automatic) -> the pipe's settings."""
+    stage; default automatic), ``float8`` / ``float8row`` -> the pipe's settings."""
     pipe: dict[str, Any] = {
         "chunks": PIPE_DEFAULT_CHUNKS,
         "checkpoint": "except_last",
@@ -122,12 +122,16 @@ def parse_pipe_modifiers(name: str, tokens: list[str]) -> dict[str, Any]:
             pipe["checkpoint"] = tokens.pop(0)
             modifiers.append(f"ckpt-{pipe['checkpoint']}")
             seen.add("ckpt")
+        elif token in FLOAT8_MODIFIERS and "float8" not in seen:
+            modifiers.append(token)
+            seen.add("float8")
         else:
             raise SystemExit(
                 f"config {name!r}: pipe modifier {token!r} unknown or repeated; use cN "
                 f"(chunks, default {PIPE_DEFAULT_CHUNKS}) and ckpt-MODE "
                 f"(MODE: {', '.join(PIPE_CHECKPOINT_MODES)}; default except_last), bA_B "
-                "(blocks per stage; default automatic), e.g. pipe-bf16-c8-ckpt-always"
+                "(blocks per stage; default automatic), float8 / float8row, e.g. "
+                "pipe-bf16-c8-ckpt-always"
             )
     return {"modifiers": modifiers, "pipe": pipe}
 
