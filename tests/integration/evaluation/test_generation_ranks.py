@@ -12,14 +12,12 @@ import pytest
 from conftest import REPO_ROOT, engine_config
 from helpers.peaked import save_peaked_model
 from helpers.rank_eval import evaluate_on_ranks
-from tango.common import Lazy, Params
-from tango.integrations.torch import Model, TrainConfig, TrainingEngine
+from helpers.ranks import two_rank_plan
 
 from tango_fairscale.evaluation.steps import TaskScoresStep
 from tango_fairscale.model.causal_lm import ModelWrapper
 from tango_fairscale.tasks.lm_eval import TaskSpec
-from tango_fairscale.train.launch import component_modules
-from tango_fairscale.train.loop import TrainPlan, TrainRuntime
+from tango_fairscale.train.loop import TrainRuntime
 
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "tasks"
 sys.path.insert(0, str(FIXTURES))
@@ -61,15 +59,9 @@ def test_every_rank_gets_the_single_process_answers(
     engine: str, tmp_path: Path, peaked_gpt2: Path
 ) -> None:
     assert DATA_DIR  # the fixtures are importable
-    model = Lazy(Model, Params({"type": "tango_fairscale::causal_lm", "model": str(peaked_gpt2)}))
-    engine_lazy = Lazy(TrainingEngine, Params(engine_config(f"tango_fairscale::{engine}")))
-    config = TrainConfig(
-        "ranks", tmp_path, is_distributed=True, devices=[-1, -1], world_size=2, seed=42
-    )
-    plan = TrainPlan(
-        config, model, engine_lazy, [], [], 8, TrainRuntime(eval_batch_size=3),
-        component_modules=component_modules(model, engine_lazy),
-    )  # fmt: skip
+    fields = engine_config(f"tango_fairscale::{engine}")
+    runtime = TrainRuntime(eval_batch_size=3)
+    plan = two_rank_plan("ranks", tmp_path, peaked_gpt2, fields, runtime)
     ranks = evaluate_on_ranks(plan, specs(), batch_size=3)
     alone = ModelWrapper(str(peaked_gpt2))
     expected = [TaskScoresStep().run(model=alone, task=spec, batch_size=4) for spec in specs()]

@@ -13,16 +13,14 @@ import numpy as np
 import pytest
 from conftest import engine_config, save_tiny_gpt2
 from helpers.rank_eval import evaluate_on_ranks
+from helpers.ranks import two_rank_plan
 from helpers.steep import STEEP
 from helpers.tokenizer import BYTES, MERGES
-from tango.common import Lazy, Params
-from tango.integrations.torch import Model, TrainConfig, TrainingEngine
 
 from tango_fairscale.evaluation.steps import TaskScoresStep
 from tango_fairscale.model.causal_lm import ModelWrapper
 from tango_fairscale.tasks.lm_eval import TaskSpec
-from tango_fairscale.train.launch import component_modules
-from tango_fairscale.train.loop import TrainPlan, TrainRuntime
+from tango_fairscale.train.loop import TrainRuntime
 
 
 def long_random_task(directory: Path, tokenizer) -> TaskSpec:
@@ -70,15 +68,9 @@ def test_every_rank_gets_the_scores_of_requests_scored_alone(
     spec = long_random_task(tmp_path, alone_model.tokenizer)
     alone = scores(TaskScoresStep().run(model=alone_model, task=spec, batch_size=1))
     assert 1_000 < np.abs(alone).max() <= 2_000
-    model = Lazy(Model, Params({"type": "tango_fairscale::causal_lm", "model": str(model_dir)}))
-    engine_lazy = Lazy(TrainingEngine, Params(engine_config(f"tango_fairscale::{engine}")))
-    config = TrainConfig(
-        "ranks", tmp_path / "run", is_distributed=True, devices=[-1, -1], world_size=2, seed=42
-    )
-    plan = TrainPlan(
-        config, model, engine_lazy, [], [], 8, TrainRuntime(eval_batch_size=3),
-        component_modules=component_modules(model, engine_lazy),
-    )  # fmt: skip
+    fields = engine_config(f"tango_fairscale::{engine}")
+    runtime = TrainRuntime(eval_batch_size=3)
+    plan = two_rank_plan("ranks", tmp_path / "run", model_dir, fields, runtime)
     ranks = evaluate_on_ranks(plan, [spec], batch_size=3, packed=packed)
     for rank in ranks:
         [result] = rank["results"]

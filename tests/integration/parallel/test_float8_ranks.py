@@ -10,11 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import engine_config
 from helpers.float8_ranks import train_on_ranks
-from tango.common import Lazy, Params
-from tango.integrations.torch import Model, TrainConfig, TrainingEngine
-
-from tango_fairscale.train.launch import component_modules
-from tango_fairscale.train.loop import TrainPlan, TrainRuntime
+from helpers.ranks import two_rank_plan
 
 pytest.importorskip("torchao.float8")
 
@@ -26,21 +22,10 @@ def test_sharded_engines_train_float8_layers_on_two_ranks(
 ) -> None:
     from transformers import AutoModelForCausalLM
 
-    model = Lazy(
-        Model, Params({"type": "tango_fairscale::causal_lm", "model": str(tiny_model_dir)})
-    )
     fields = engine_config(
         f"tango_fairscale::{engine_name}", precision="bf16-mixed", float8="tensorwise"
     )
-    engine = Lazy(TrainingEngine, Params(fields))
-    config = TrainConfig(
-        "float8", tmp_path / "run", is_distributed=True, devices=[-1, -1], world_size=2, seed=42
-    )
-    plan = TrainPlan(
-        config, model, engine, [], [], 8, TrainRuntime(),
-        component_modules=component_modules(model, engine),
-    )  # fmt: skip
-    reports = train_on_ranks(plan)
+    reports = train_on_ranks(two_rank_plan("float8", tmp_path / "run", tiny_model_dir, fields))
     plain = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     for report in reports:
         assert report["layers"] == 2 * 4  # the tiny GPT-2's two blocks, four projections each

@@ -11,12 +11,9 @@ from pathlib import Path
 import pytest
 from conftest import engine_config
 from helpers.abandon import supersede_on_ranks
-from tango.common import Lazy, Params
-from tango.integrations.torch import Model, TrainConfig, TrainingEngine
+from helpers.ranks import two_rank_plan
 
 from tango_fairscale.records.checkpoints import LATEST, complete_checkpoints, read_manifest
-from tango_fairscale.train.launch import component_modules
-from tango_fairscale.train.loop import TrainPlan, TrainRuntime
 
 #: Each engine's files of a rank: rank 0's and rank 1's.
 RANK_FILES = {
@@ -30,17 +27,8 @@ RANK_FILES = {
 def test_the_final_checkpoint_abandons_the_write_in_flight_on_every_rank(
     tmp_path: Path, tiny_model_dir: Path, engine_name: str
 ) -> None:
-    model = Lazy(
-        Model, Params({"type": "tango_fairscale::causal_lm", "model": str(tiny_model_dir)})
-    )
-    engine = Lazy(TrainingEngine, Params(engine_config(f"tango_fairscale::{engine_name}")))
-    config = TrainConfig(
-        "abandon", tmp_path / "run", is_distributed=True, devices=[-1, -1], world_size=2, seed=42
-    )
-    plan = TrainPlan(
-        config, model, engine, [], [], 8, TrainRuntime(),
-        component_modules=component_modules(model, engine),
-    )  # fmt: skip
+    fields = engine_config(f"tango_fairscale::{engine_name}")
+    plan = two_rank_plan("abandon", tmp_path / "run", tiny_model_dir, fields)
     seconds = supersede_on_ranks(plan, slow_write_s=0.5)
     checkpoints = tmp_path / "run" / "checkpoints"
     assert [p.name for p in complete_checkpoints(checkpoints)] == ["step0000010", "step0000003"]
