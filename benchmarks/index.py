@@ -85,7 +85,7 @@ EARLIER: dict[str, dict[str, str | None]] = {
     },
     "checkpoint_ab_fsdp2_h100_331f446": {
         "suite": None,
-        "target": "evidence (issue 32, background checkpoints): fsdp2's 1.5B checkpoint write "
+        "target": "evidence (background checkpoints): fsdp2's 1.5B checkpoint write "
         "with DCP's snapshot copied to host memory against the same snapshot copied on the GPU",
         "figure": "write 10.47 / 11.54 s (host copy, before and after) against 10.73 s (GPU "
         "copy) in one call; visible 3.4-4.0 %",
