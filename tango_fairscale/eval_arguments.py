@@ -197,7 +197,8 @@ def _add_tasks(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--task_data_dir",
         metavar="DIR",
-        help="local task data: DIR/<task>/<split>.jsonl (default: the tasks' hub datasets)",
+        help="local task data: DIR/<task>/<split>.jsonl, or PIQA's official release files in "
+        "DIR/piqa (default: the tasks' hub datasets)",
     )
 
 

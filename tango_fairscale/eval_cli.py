@@ -9,7 +9,8 @@
 
 is ``tango run configs/mc_suite.jsonnet -D model=... -D tasks=... -D num_fewshot=K -D limit=N
 -D train_steps=0`` (``-D num_fewshot=`` without ``--num_fewshot``: each task's own, as lm_eval;
-``--seed``'s few-shot seed as ``-D fewshot_seed``;
+``--seed``'s few-shot seed as ``-D fewshot_seed``; ``--task_data_dir DIR`` whose ``DIR/piqa``
+holds PIQA's official release files also as ``-D data_dir=DIR/piqa``, their reader;
 tango.yml's defaults for the rest), run in this process as ``tango run``
 runs it: the same steps with the same cache keys, so a rerun, or a ``tango run`` of the same
 settings in the same workspace, starts no step. ``--batch_size`` is the scoring steps' batch size
@@ -219,6 +220,9 @@ def tango_arguments(args: argparse.Namespace, workspace: str, name: str) -> list
         value = getattr(args, field)
         if value is not None:
             defines[field] = str(value)
+    piqa_release = official_piqa(args)
+    if piqa_release is not None:
+        defines["data_dir"] = piqa_release
     if args.apply_chat_template:
         defines["apply_chat_template"] = "true"
     if args.fewshot_as_multiturn is not None:
@@ -237,6 +241,18 @@ def tango_arguments(args: argparse.Namespace, workspace: str, name: str) -> list
         overrides = {f"steps.scores_{task}.batch_size": args.batch_size for task in args.tasks}
         argv += ["-o", json.dumps(overrides)]
     return argv
+
+
+def official_piqa(args: argparse.Namespace) -> str | None:
+    """``--task_data_dir``'s ``piqa`` folder when task ``piqa`` is asked for and that folder holds
+    PIQA's official release files (as ``tango run``'s ``data_dir`` does): the config's ``data_dir``,
+    read by the official files' reader, since they are not ``<split>.jsonl`` documents."""
+    from .tasks.piqa import holds_release
+
+    if args.task_data_dir is None or "piqa" not in args.tasks:
+        return None
+    folder = Path(args.task_data_dir).expanduser() / "piqa"
+    return str(folder) if holds_release(folder) else None
 
 
 def _tango(argv: list[str]) -> int:

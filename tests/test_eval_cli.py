@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import make_piqa_dir
 
 from tango_fairscale.cli import main
 from tango_fairscale.eval_cli import per_model, tango_arguments
@@ -221,6 +222,27 @@ def test_the_tango_command_line_is_mc_suite_with_its_variables() -> None:
     ]
     overrides = json.loads(argv[argv.index("-o") + 1])  # the scoring batch size: not in the key
     assert overrides == {"steps.scores_copa.batch_size": 64, "steps.scores_arc_easy.batch_size": 64}
+
+
+def test_piqas_official_release_in_the_task_data_is_read_as_the_configs_data_dir(
+    tmp_path: Path,
+) -> None:
+    """``--task_data_dir DIR`` with the official PIQA files in ``DIR/piqa`` (as ``tango run``'s
+    ``data_dir`` takes them): the config reads them with their own reader; other tasks' folders,
+    and a ``piqa`` folder of ``<split>.jsonl`` documents, stay task data."""
+
+    def defines(tasks: str) -> list[str]:
+        argv = tango_arguments(
+            eval_args("-M", "/m", "-t", tasks, "--task_data_dir", str(tmp_path)), "/ws", "x"
+        )
+        return [argv[i + 1] for i, arg in enumerate(argv) if arg == "-D"]
+
+    release = make_piqa_dir(tmp_path / "piqa")
+    assert f"data_dir={release}" in defines("copa,piqa")
+    assert f"task_data_dir={tmp_path}" in defines("copa,piqa")
+    assert not any(define.startswith("data_dir=") for define in defines("copa"))
+    (release / "valid-labels.lst").unlink()
+    assert not any(define.startswith("data_dir=") for define in defines("piqa"))
 
 
 def test_lm_evals_gen_kwargs_become_a_json_object() -> None:

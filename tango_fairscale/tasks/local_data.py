@@ -14,14 +14,22 @@ from tango.common.exceptions import ConfigurationError
 from ..checks import reason
 from .answers import find_problems, process_documents
 from .documents import LocalDocuments, Problem, refusal
+from .piqa import holds_release
 
 #: lm-eval's tasks of one loaded item (``{"tasks": {name: Task}, ...}``), from a task config.
 Load = Callable[[Any], dict[str, Any]]
 
 
 def data_files(data_dir: str, task: str) -> dict[str, str]:
-    """``{split: path}`` of the ``<split>.jsonl`` files of ``data_dir``; none is refused."""
+    """``{split: path}`` of the ``<split>.jsonl`` files of ``data_dir``; none is refused, and so
+    is PIQA's official release (its reader is the ``tango_fairscale::piqa`` step)."""
     directory = Path(data_dir).expanduser()
+    if holds_release(directory):
+        raise ConfigurationError(
+            f"task {task!r}: data_dir {data_dir!r} holds PIQA's official release files, not "
+            f"<split>.jsonl documents: give it to a tango_fairscale::piqa step instead "
+            f"(configs/mc_suite.jsonnet: -D data_dir={data_dir})"
+        )
     files = {path.stem: str(path.resolve()) for path in sorted(directory.glob("*.jsonl"))}
     if not files:
         raise ConfigurationError(
@@ -142,7 +150,8 @@ def keep_splits(config: dict[str, Any], present: list[str], task: str) -> None:
     if not any(split in present for split in evaluated):
         raise ConfigurationError(
             f"task {task!r} scores split {' or '.join(map(repr, evaluated))}, which its data "
-            f"does not hold (its documents: {', '.join(map(repr, present)) or 'none'})"
+            f"does not hold (its splits: {', '.join(map(repr, present)) or 'none'}): give it "
+            f"that split (in a data_dir, the file {evaluated[0]}.jsonl)"
         )
     for key in ("training_split", "validation_split", "test_split", "fewshot_split"):
         if config.get(key) is not None and config[key] not in present:

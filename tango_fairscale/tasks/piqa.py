@@ -117,6 +117,12 @@ def read_piqa(data_dir: Path, limit: int | None = None) -> DatasetDict:
     return DatasetDict(splits=splits)
 
 
+def holds_release(directory: Path) -> bool:
+    """Whether ``directory`` holds PIQA's official release (its labels file
+    ``valid-labels.lst``, which no ``<split>.jsonl`` layout has): :func:`read_piqa` reads it."""
+    return (Path(directory).expanduser() / "valid-labels.lst").is_file()
+
+
 def check_files_present(data_dir: Path) -> None:
     """Raise :class:`PiqaFormatError` unless ``data_dir`` holds all of :data:`PIQA_FILES`."""
     missing = [name for name in PIQA_FILES if not (data_dir / name).is_file()]

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import make_piqa_dir
 from tango.common.exceptions import ConfigurationError
 
 from tango_fairscale.tasks.local_data import data_files, keep_splits, splits_read
@@ -24,6 +25,28 @@ def test_a_directory_gives_its_jsonl_files_by_split(tmp_path: Path) -> None:
     }
     with pytest.raises(ConfigurationError, match="task 'x': data_dir .* holds no <split>.jsonl"):
         data_files(str(tmp_path / "notes.txt"), "x")
+
+
+def test_piqas_official_release_is_refused_with_its_reader_named(tmp_path: Path) -> None:
+    """The official PIQA files (``valid.jsonl`` without its labels) are not ``<split>.jsonl``
+    documents: the refusal names the config variable that reads them."""
+    release = make_piqa_dir(tmp_path / "piqa")
+    with pytest.raises(ConfigurationError) as refused:
+        data_files(str(release), "piqa")
+    assert str(refused.value) == (
+        f"task 'piqa': data_dir '{release}' holds PIQA's official release files, not "
+        "<split>.jsonl documents: give it to a tango_fairscale::piqa step instead "
+        f"(configs/mc_suite.jsonnet: -D data_dir={release})"
+    )
+
+
+def test_a_missing_scored_split_names_the_file_to_give() -> None:
+    with pytest.raises(ConfigurationError) as refused:
+        keep_splits(dict(CONFIG), ["train", "valid"], "piqa")
+    assert str(refused.value) == (
+        "task 'piqa' scores split 'validation', which its data does not hold (its splits: "
+        "'train', 'valid'): give it that split (in a data_dir, the file validation.jsonl)"
+    )
 
 
 @pytest.mark.parametrize(
