@@ -154,9 +154,10 @@ suite_tests() {
   local files
   mapfile -t files < <(grep -rl "not torch.cuda.is_available()" tests --include='*.py' | sort)
   step "$BUDGET" env TANGO_FAIRSCALE_SHARED_DATA="$DATA_ROOT" "$PY" -m pytest -q \
-    -p no:cacheprovider -rf "${files[@]}"
-  # The failures' names and errors in the call's own log too (a call brings back 8 files at most).
-  [ "$DRY_RUN" = 1 ] || { grep -E '^(FAILED|ERROR) ' "$DIR/log.txt"; tail -1 "$DIR/log.txt"; } \
+    -p no:cacheprovider -rfs "${files[@]}"
+  # The failures' names and errors, and what was skipped and why, in the call's own log too (a
+  # call brings back 8 files at most).
+  [ "$DRY_RUN" = 1 ] || { grep -E '^(FAILED|ERROR|SKIPPED) ' "$DIR/log.txt"; tail -1 "$DIR/log.txt"; } \
     | cut -c1-400 | tee -a "$LOG"
 }
 
