@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import math
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -12,6 +13,7 @@ from tango.common.exceptions import ConfigurationError
 
 from ..tasks.lm_eval import TaskDict, TaskSpec, load_tasks
 from ..tasks.requests import fewshot_refusal
+from ..tasks.restoring import unbound
 from . import choice_metrics
 
 #: The keys of lm-eval's results JSON that a task's scores keep (besides ``samples``).
@@ -219,22 +221,25 @@ def requests_built_once(loaded: TaskDict) -> TaskDict:
     :func:`evaluate_task` seeds the few-shot choice the same way every time."""
     for task in loaded["tasks"].values():
         if not getattr(task, "_requests_built_once", False):
-            task.build_all_requests = _built_once(task, task.build_all_requests)
+            task.build_all_requests = _built_once(task)
             task._requests_built_once = True
     return loaded
 
 
-def _built_once(task: Any, build: Callable[..., None]) -> Callable[..., None]:
+def _built_once(task: Any) -> Callable[..., None]:
+    build = unbound(task, "build_all_requests")
+    of_task: Callable[[], Any] = weakref.ref(task)  # (called while the task holds it)
     built: list[Any] = []  # [(args, kwargs, instances)] of the last build
 
     def build_all_requests(*args: Any, **kwargs: Any) -> None:
+        task = of_task()
         if built and built[0][:2] == (args, kwargs):
             for instance in built[0][2]:  # lm-eval appends answers, its filters set theirs
                 instance.resps = []
                 instance.filtered_resps = {}
             task._instances = built[0][2]
             return
-        build(*args, **kwargs)
+        build(task, *args, **kwargs)
         built[:] = [(args, kwargs, list(task.instances))]
 
     return build_all_requests

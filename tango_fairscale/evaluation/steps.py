@@ -188,6 +188,7 @@ class TaskScoresStep(Step[dict]):
             evaluator.lm.take_queries(known_queries(tokens, pairs, scorer.max_length))
         with scoring_precision(scorer, resolved):
             scores = evaluator.evaluate(task, loaded, bootstrap_iters)
+        del loaded  # gone on return even if a library's garbage (a traceback) holds this frame
         config = {"precision": resolved.name, "device": device.type}
         scores["config"] = config | {"tokenizer": tokenizer_fields(scorer)}
         scores["truncated_continuations"] = evaluator.lm.truncated_continuations

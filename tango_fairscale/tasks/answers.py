@@ -202,7 +202,8 @@ class _GoldCheck:
             try:
                 if answer_indices(self.task, {**doc, field: value}) != [index]:
                     return False
-            except Exception:
+            except Exception as error:
+                _forget_frames(error)
                 return False
         return True
 
@@ -224,10 +225,36 @@ def _fields_read(source: Any, doc: Mapping[str, Any], features: set[str]) -> set
         tracked = _Tracked(doc)
         try:
             source(tracked)
-        except Exception:
-            pass
+        except Exception as error:
+            _forget_frames(error)
         return tracked.read & set(doc)
     return set()
+
+
+def _forget_frames(error: BaseException) -> None:
+    """Let go of what an expected failure (a probe of the task's functions) holds: the locals of
+    every frame that has finished since it was raised, and its traceback, for it and the errors
+    it arose from. lm-eval's templates fail through jinja's rewritten tracebacks, reference
+    cycles whose frames would keep the task — its documents and requests — alive until Python's
+    next full collection, long after its step (a command collects rarely:
+    :mod:`~tango_fairscale.runtime.collector`); without their locals they hold nothing and are
+    freed at once."""
+    seen: set[int] = set()
+    failure: BaseException | None = error
+    while failure is not None and id(failure) not in seen:
+        seen.add(id(failure))
+        tb = failure.__traceback__
+        while tb is not None:
+            frame: Any = tb.tb_frame
+            while frame is not None:  # the frame and its callers, up to one still running
+                try:
+                    frame.clear()
+                except RuntimeError:
+                    break
+                frame = frame.f_back
+            tb = tb.tb_next
+        failure.__traceback__ = None
+        failure = failure.__cause__ or failure.__context__
 
 
 def _names(fields: Sequence[str]) -> str:

@@ -14,6 +14,7 @@ refuses is a :class:`Problem`, named by :func:`refusal` with its file and line.
 from __future__ import annotations
 
 import json
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,10 +159,11 @@ def documents_read_once(loaded: dict[str, Any]) -> dict[str, Any]:
 def _reading_once(task: Any) -> Callable[..., Iterator[tuple[int, Any]]]:
     iterate = type(task).doc_iterator
     read: list[_DocumentsOf] = []
+    of_task = weakref.ref(task)  # the task holds this function: no reference cycle
 
     def doc_iterator(**kwargs: Any) -> Iterator[tuple[int, Any]]:
         if not read:
-            read.append(_DocumentsOf(task))
+            read.append(_DocumentsOf(of_task()))
         for doc_id, doc in iterate(read[0], **kwargs):
             yield doc_id, dict(doc) if isinstance(doc, dict) else doc
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping
+import weakref
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from tango.common.exceptions import ConfigurationError
@@ -57,19 +58,34 @@ def use_requests(
     fingerprint :func:`check_requests` has matched (:func:`spec_fields`), so they are not
     hashed again (10,000 HellaSwag documents: ~0.8 s)."""
     for name, task in loaded["tasks"].items():
-        stored = requests["tasks"][name]
-        build = task.build_all_requests
+        task.build_all_requests = _taking(task, requests["tasks"][name], documents_keyed)
 
-        def build_all_requests(
-            *args: Any, _task: Any = task, _stored: Any = stored, _build: Any = build, **kw: Any
-        ) -> None:
-            instances = _restored(_task, _stored, kw, documents_keyed) if not args else None
-            if instances is None:
-                _build(*args, **kw)
-            else:
-                _task._instances = instances
 
-        task.build_all_requests = build_all_requests
+def unbound(task: Any, name: str) -> Callable[..., Any]:
+    """``task``'s method ``name`` as it is now (its class's, or a function set on the task), as a
+    function that takes the task first: for a replacement set on the task that holds the task
+    only weakly — a task that held a function holding the task would be a reference cycle, and
+    live (with its documents and requests) until Python's next full collection."""
+    method = getattr(task, name)
+    if getattr(method, "__self__", None) is task:
+        return method.__func__  # type: ignore[no-any-return]
+    return lambda _task, *args, **kwargs: method(*args, **kwargs)
+
+
+def _taking(task: Any, stored: Mapping[str, Any], documents_keyed: bool) -> Any:
+    """``task``'s ``build_all_requests`` that takes ``stored`` where it applies."""
+    build = unbound(task, "build_all_requests")
+    of_task: Callable[[], Any] = weakref.ref(task)  # (called while the task holds it)
+
+    def build_all_requests(*args: Any, **kwargs: Any) -> None:
+        task = of_task()
+        instances = _restored(task, stored, kwargs, documents_keyed) if not args else None
+        if instances is None:
+            build(task, *args, **kwargs)
+        else:
+            task._instances = instances
+
+    return build_all_requests
 
 
 def _restored(

@@ -8,11 +8,13 @@ once, and score as if each had built them."""
 from __future__ import annotations
 
 import json
+import weakref
 from pathlib import Path
 
 import numpy as np
 import pytest
 from helpers.families import package_scores, reference_scores, save_family
+from helpers.lifetimes import reference_counting_only
 from tango.common.exceptions import ConfigurationError
 
 from tango_fairscale.evaluation.steps import TaskScoresStep
@@ -119,3 +121,34 @@ def test_a_second_model_on_the_same_task_builds_no_request(
     assert loaded == [1, 1]
     assert started == [requests.unique_id]  # the requests step ran once, for the first model
     assert workspace.step_info(requests).state.value == "completed"
+
+
+@pytest.mark.parametrize("stored_requests", [True, False], ids=["stored requests", "built"])
+def test_a_scores_step_leaves_its_task_to_reference_counting(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, stored_requests: bool
+) -> None:
+    """Once a scores step returns, nothing holds its lm-eval task (documents, requests, answers)
+    in a reference cycle — neither the stored requests' nor the metrics' stand-ins set on the
+    task — so a suite's tasks go one by one, not at Python's next full collection (rare in a
+    command): a suite's peak memory holds one task's."""
+    from tango_fairscale.evaluation import steps as steps_module
+    from tango_fairscale.tasks import requests as requests_module
+    from tango_fairscale.tasks.requests import TaskRequestsStep
+
+    loaded: list[weakref.ref] = []
+
+    def tracked(spec: TaskSpec) -> dict:
+        tasks = load_tasks(spec)
+        loaded.extend(weakref.ref(task) for task in tasks["tasks"].values())
+        return tasks
+
+    load_tasks = steps_module.load_tasks
+    monkeypatch.setattr(steps_module, "load_tasks", tracked)
+    monkeypatch.setattr(requests_module, "load_tasks", tracked)
+    model = ModelWrapper(str(tiny_model_dir))
+    task = TaskSpec(name="arc_easy", data_dir=str(PIQA_FIXTURE.parent / "arc_easy"), limit=4)
+    with reference_counting_only():
+        requests = TaskRequestsStep().run(task=task) if stored_requests else None
+        result = TaskScoresStep().run(model=model, task=task, requests=requests)
+        assert result["results"]["arc_easy"]["acc,none"] is not None
+        assert loaded and [task() for task in loaded] == [None] * len(loaded)

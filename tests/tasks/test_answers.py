@@ -5,12 +5,18 @@ documents of whole fixture tasks checked through lm-eval: ``test_documents.py``.
 from __future__ import annotations
 
 import re
+import weakref
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from helpers.lifetimes import reference_counting_only
 
 from tango_fairscale.tasks.answers import BadAnswer, answer_indices
+from tango_fairscale.tasks.lm_eval import TaskSpec, load_tasks
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "tasks"
 
 CHOICES = ["red", "green", "blue"]
 
@@ -52,3 +58,16 @@ def test_any_other_answer_is_refused_in_one_line(gold: Any, message: str) -> Non
 
 def test_the_choices_given_are_used_instead_of_the_tasks() -> None:
     assert answer_indices(task("b"), {}, choices=["a", "b"]) == [1]
+
+
+@pytest.mark.parametrize("name", ["arc_easy", "openbookqa", "piqa"])
+def test_a_checked_task_is_freed_by_reference_counting(name: str) -> None:
+    """Loading a task checks its gold answers, probing lm-eval's templates with values they fail
+    on: jinja's rewritten tracebacks are reference cycles, whose frames held the task (and its
+    documents) until Python's next full collection; and the task's own document reader held
+    the task. Now the task goes as soon as nothing else holds it."""
+    with reference_counting_only():
+        loaded = load_tasks(TaskSpec(name=name, data_dir=str(FIXTURES / name)))
+        tasks = [weakref.ref(task) for task in loaded["tasks"].values()]
+        del loaded
+        assert [task() for task in tasks] == [None]
