@@ -129,8 +129,8 @@ def test_a_scores_step_leaves_its_task_to_reference_counting(
 ) -> None:
     """Once a scores step returns, nothing holds its lm-eval task (documents, requests, answers)
     in a reference cycle — neither the stored requests' nor the metrics' stand-ins set on the
-    task — so a suite's tasks go one by one, not at Python's next full collection (rare in a
-    command): a suite's peak memory holds one task's."""
+    task — so a suite's tasks go one by one as their steps end, not at Python's next full
+    collection (rare in a command)."""
     from tango_fairscale.evaluation import steps as steps_module
     from tango_fairscale.tasks import requests as requests_module
     from tango_fairscale.tasks.requests import TaskRequestsStep
