@@ -228,7 +228,7 @@ def requests_built_once(loaded: TaskDict) -> TaskDict:
 
 def _built_once(task: Any) -> Callable[..., None]:
     build = unbound(task, "build_all_requests")
-    of_task: Callable[[], Any] = weakref.ref(task)  # (called while the task holds it)
+    of_task: Callable[[], Any] = weakref.ref(task)  # weakly: the task holds this function
     built: list[Any] = []  # [(args, kwargs, instances)] of the last build
 
     def build_all_requests(*args: Any, **kwargs: Any) -> None:

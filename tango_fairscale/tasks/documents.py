@@ -159,7 +159,7 @@ def documents_read_once(loaded: dict[str, Any]) -> dict[str, Any]:
 def _reading_once(task: Any) -> Callable[..., Iterator[tuple[int, Any]]]:
     iterate = type(task).doc_iterator
     read: list[_DocumentsOf] = []
-    of_task = weakref.ref(task)  # the task holds this function: no reference cycle
+    of_task = weakref.ref(task)  # weakly: the task holds this function
 
     def doc_iterator(**kwargs: Any) -> Iterator[tuple[int, Any]]:
         if not read:

@@ -147,6 +147,11 @@ def keep_splits(config: dict[str, Any], present: list[str], task: str) -> None:
     must be there. When few-shot examples then come from the scored split, no document is shown
     in its own context (:func:`_fewshot_from_the_scored_split`)."""
     evaluated = [config.get(key) for key in ("test_split", "validation_split") if config.get(key)]
+    if not evaluated:
+        raise ConfigurationError(
+            f"task {task!r} names no split to score: give its config a test_split or "
+            "validation_split"
+        )
     if not any(split in present for split in evaluated):
         raise ConfigurationError(
             f"task {task!r} scores split {' or '.join(map(repr, evaluated))}, which its data "

@@ -75,7 +75,7 @@ def unbound(task: Any, name: str) -> Callable[..., Any]:
 def _taking(task: Any, stored: Mapping[str, Any], documents_keyed: bool) -> Any:
     """``task``'s ``build_all_requests`` that takes ``stored`` where it applies."""
     build = unbound(task, "build_all_requests")
-    of_task: Callable[[], Any] = weakref.ref(task)  # (called while the task holds it)
+    of_task: Callable[[], Any] = weakref.ref(task)  # weakly: the task holds this function
 
     def build_all_requests(*args: Any, **kwargs: Any) -> None:
         task = of_task()

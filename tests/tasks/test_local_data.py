@@ -47,6 +47,11 @@ def test_a_missing_scored_split_names_the_file_to_give() -> None:
         "task 'piqa' scores split 'validation', which its data does not hold (its splits: "
         "'train', 'valid'): give it that split (in a data_dir, the file validation.jsonl)"
     )
+    with pytest.raises(ConfigurationError) as refused:
+        keep_splits({"training_split": "train"}, ["train"], "mine")
+    assert str(refused.value) == (
+        "task 'mine' names no split to score: give its config a test_split or validation_split"
+    )
 
 
 @pytest.mark.parametrize(
