@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from .records.checkpoints import (
-    HF_FILES,
     CheckpointError,
     DamagedCheckpoint,
     NoManifest,
@@ -27,9 +26,7 @@ def export(checkpoint: Path, out_dir: Path) -> Path:
     directory = find_checkpoint(Path(checkpoint))
     # torch's and transformers' imports (~4 s on 2 cores) after the checks above, and only when
     # exporting: this module is imported by every ``tango run`` (Tango imports each submodule).
-    from transformers import AutoTokenizer
-
-    from .parallel.consolidate import full_state_dict, hf_model
+    from .parallel.consolidate import full_state_dict, hf_model, hf_tokenizer
 
     try:
         state = full_state_dict(directory)
@@ -42,7 +39,7 @@ def export(checkpoint: Path, out_dir: Path) -> Path:
         hint = f"; export an earlier checkpoint ({earlier[0]})" if earlier else ""
         raise CheckpointError(f"{damage}{hint}") from None
     model = hf_model(directory, state)
-    tokenizer = AutoTokenizer.from_pretrained(directory / HF_FILES, trust_remote_code=False)
+    tokenizer = hf_tokenizer(directory)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     return directory

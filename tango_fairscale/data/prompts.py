@@ -8,6 +8,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
+from .. import compat  # noqa: F401  (the fixes; transformers' before it is imported)
 from .queries import _encode
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from .. import compat  # noqa: F401  (the fixes; transformers' before it is imported)
 from ..data.prompts import StopSequences
 from ..model.decoding import EXPLICIT_MASKS, explicit_mask, keep_rows, new_cache
 from ..tasks.generation import Decoding

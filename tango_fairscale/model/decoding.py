@@ -13,6 +13,8 @@ from typing import Any
 import torch
 from tango.common.exceptions import ConfigurationError
 
+from .. import compat  # noqa: F401  (the fixes; transformers' before it is imported)
+
 #: Generation-config fields that add a logits processor to greedy decoding in ``generate``,
 #: with the value at which they add none. The package's decoding applies none of them.
 GREEDY_NEUTRAL = {

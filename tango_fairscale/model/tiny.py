@@ -12,6 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from .. import compat  # noqa: F401  (the fixes; transformers' before it is imported)
+
 END_OF_TEXT = "<|endoftext|>"
 
 #: The model's shape (``transformers.GPT2Config`` fields); the vocabulary is the tokenizer's.

@@ -13,10 +13,11 @@ shapes.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .. import compat  # noqa: F401  (the fixes; transformers' before it is imported)
 from ..checks import reason
 from ..model.causal_lm import ModelWrapper
 from ..model.loading import weights_loaded_over
@@ -72,6 +73,14 @@ def hf_model(checkpoint_dir: Path, state: dict[str, torch.Tensor]) -> PreTrained
     model.load_state_dict(hf_state, strict=True, assign=True)
     model.tie_weights()
     return model
+
+
+def hf_tokenizer(checkpoint_dir: Path) -> Any:
+    """The tokenizer of ``checkpoint_dir``'s ``hf/`` files, as transformers loads it (no code
+    from them run)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(checkpoint_dir / HF_FILES, trust_remote_code=False)
 
 
 def plain_model(checkpoint_dir: Path, state: dict[str, torch.Tensor]) -> ModelWrapper:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from tango.common.exceptions import ConfigurationError
 
+from .. import compat  # noqa: F401  (the fixes; transformers' before it is imported)
 from ..checks import one_of
 from .precision import Precision
 from .sharding import default_unit_patterns, has_compiled_module, select_modules

@@ -11,6 +11,7 @@ import torch
 from tango.common.exceptions import ConfigurationError
 from torch import nn
 
+from ... import compat  # noqa: F401  (the fixes; transformers' before it is imported)
 from ..logits import logit_transform
 from ..loss import LogitTransform
 from . import gpt2, gpt_neox, llama, opt

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ... import compat  # noqa: F401  (the fixes; transformers' before it is imported)
 from ..loss import IDENTITY, LogitTransform, scored_row_nll
 from .family import FULL, SLIDING, Family
 
