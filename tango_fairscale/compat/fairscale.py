@@ -20,11 +20,18 @@ Three more are handled in how the FairScale engine uses FSDP:
    them first: the engine always sets it with mixed precision (fp32 reduction is wanted anyway).
 7. ``load_local_state_dict`` on a nested model that never ran a forward fails
    (``'_full_param_padded'``): :func:`load_local_state_dict` initialises it first.
+
+And one for the terminal: it frees and re-allocates its flat parameters through
+``Tensor.storage()``, which current torch deprecates with a ``UserWarning`` ("TypedStorage is
+deprecated") on every rank of every run; the pinned FairScale keeps doing so and nothing is
+for a user to change, so :func:`quiet_storage_deprecation` leaves that warning out where
+FairScale's code makes the call (a filter on FairScale's modules alone).
 """
 
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Any
 
 FAIRSCALE_VERSION = "0.4.13"
@@ -104,6 +111,13 @@ def patch_fairscale_for_cpu() -> None:
         )
     use_null_streams()
     skip_pinned_memory()
+
+
+def quiet_storage_deprecation() -> None:
+    """No "TypedStorage is deprecated" warning for FairScale's own ``Tensor.storage()`` calls."""
+    warnings.filterwarnings(
+        "ignore", message="TypedStorage is deprecated", category=UserWarning, module=r"fairscale\."
+    )
 
 
 def use_null_streams() -> None:

@@ -41,6 +41,7 @@ class FairScaleStrategy(ShardedStrategy):
         super().setup(placement)
 
     def wrap(self, model: ModelWrapper) -> torch.nn.Module:
+        fairscale_fixes.quiet_storage_deprecation()
         fairscale_fixes.patch_fairscale_for_cpu()
         if dist.get_backend() == "gloo":
             fairscale_fixes.use_list_collectives_for_gloo()
