@@ -202,8 +202,8 @@ def test_every_module_that_imports_transformers_imports_the_fixes_first() -> Non
     """transformers' fixes (``compat/transformers.py``: no scikit-learn, scipy optimizer or
     torchao imported with it) hook its import, so they must be in place before the first import
     of transformers in any process: a module that imports transformers (at any level) imports
-    ``compat`` at its top. ``tango-fairscale export`` imported transformers before them: 1.5-2 s
-    more on 2 cores, with torchao's warnings in its output."""
+    ``compat`` at its top. A command whose first transformers import came before them would
+    import scikit-learn and torchao too (1.5-2 s on 2 cores, torchao's warnings in its output)."""
 
     def imports_transformers(node: ast.AST) -> bool:
         if isinstance(node, ast.Import):

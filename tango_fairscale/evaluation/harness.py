@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import math
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -13,7 +12,7 @@ from tango.common.exceptions import ConfigurationError
 
 from ..tasks.lm_eval import TaskDict, TaskSpec, load_tasks
 from ..tasks.requests import fewshot_refusal
-from ..tasks.restoring import unbound
+from ..tasks.task_methods import replace_method
 from . import choice_metrics
 
 #: The keys of lm-eval's results JSON that a task's scores keep (besides ``samples``).
@@ -221,28 +220,24 @@ def requests_built_once(loaded: TaskDict) -> TaskDict:
     :func:`evaluate_task` seeds the few-shot choice the same way every time."""
     for task in loaded["tasks"].values():
         if not getattr(task, "_requests_built_once", False):
-            task.build_all_requests = _built_once(task)
+            replace_method(task, "build_all_requests", functools.partial(_built_once, []))
             task._requests_built_once = True
     return loaded
 
 
-def _built_once(task: Any) -> Callable[..., None]:
-    build = unbound(task, "build_all_requests")
-    of_task: Callable[[], Any] = weakref.ref(task)  # weakly: the task holds this function
-    built: list[Any] = []  # [(args, kwargs, instances)] of the last build
-
-    def build_all_requests(*args: Any, **kwargs: Any) -> None:
-        task = of_task()
-        if built and built[0][:2] == (args, kwargs):
-            for instance in built[0][2]:  # lm-eval appends answers, its filters set theirs
-                instance.resps = []
-                instance.filtered_resps = {}
-            task._instances = built[0][2]
-            return
-        build(task, *args, **kwargs)
-        built[:] = [(args, kwargs, list(task.instances))]
-
-    return build_all_requests
+def _built_once(
+    built: list[Any], task: Any, build: Callable[..., None], *args: Any, **kwargs: Any
+) -> None:
+    """``task``'s ``build_all_requests`` (lm-eval's, ``build``), its last build kept in ``built``
+    (``[(args, kwargs, instances)]``) and taken again for the same arguments."""
+    if built and built[0][:2] == (args, kwargs):
+        for instance in built[0][2]:  # lm-eval appends answers, its filters set theirs
+            instance.resps = []
+            instance.filtered_resps = {}
+        task._instances = built[0][2]
+        return
+    build(task, *args, **kwargs)
+    built[:] = [(args, kwargs, list(task.instances))]
 
 
 def metric_values(sample: Mapping[str, Any]) -> dict[str, Any]:

@@ -12,9 +12,8 @@ in this process too (several devices' in workers, which keep Python's defaults):
 collections in 200 steps of a tiny model, 0.4 s now; the engine it trained with is held in
 reference cycles, collected when the run returns (:func:`collect_cycles`). An evaluation step's
 lm-eval task (its documents, requests and answers) is in no reference cycle, so it goes when the
-step returns, not at the next full collection (``tests/evaluation/test_steps.py``): the
-synthetic suite's second model peaks at 1.42 GB of RSS on 2 cores against 1.50 GB when each
-task stayed to the end.
+step returns, not at the next full collection (:mod:`~tango_fairscale.tasks.task_methods`,
+``tests/evaluation/test_steps.py``).
 """
 
 from __future__ import annotations

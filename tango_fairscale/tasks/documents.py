@@ -13,8 +13,8 @@ refuses is a :class:`Problem`, named by :func:`refusal` with its file and line.
 
 from __future__ import annotations
 
+import functools
 import json
-import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +24,7 @@ from tango.common.dataset_dict import DatasetDictBase
 from tango.common.exceptions import ConfigurationError
 
 from ..checks import one_line, reason
+from .task_methods import replace_method
 
 #: How a refused document's message ends: what to change.
 FIX_HINT = "fix the document, or give the task strict: false to skip such documents"
@@ -152,22 +153,19 @@ def documents_read_once(loaded: dict[str, Any]) -> dict[str, Any]:
     samples). Reading a ``datasets.Dataset`` row by row took 0.5 s a pass for HellaSwag's 8,000
     documents on 2 cores, and a scored task was read four times."""
     for task in loaded["tasks"].values():
-        task.doc_iterator = _reading_once(task)
+        replace_method(task, "doc_iterator", functools.partial(_read_once, []))
     return loaded
 
 
-def _reading_once(task: Any) -> Callable[..., Iterator[tuple[int, Any]]]:
-    iterate = type(task).doc_iterator
-    read: list[_DocumentsOf] = []
-    of_task = weakref.ref(task)  # weakly: the task holds this function
-
-    def doc_iterator(**kwargs: Any) -> Iterator[tuple[int, Any]]:
-        if not read:
-            read.append(_DocumentsOf(of_task()))
-        for doc_id, doc in iterate(read[0], **kwargs):
-            yield doc_id, dict(doc) if isinstance(doc, dict) else doc
-
-    return doc_iterator
+def _read_once(
+    read: list[_DocumentsOf], task: Any, iterate: Callable[..., Any], **kwargs: Any
+) -> Iterator[tuple[int, Any]]:
+    """``task``'s ``doc_iterator`` (lm-eval's, ``iterate``) over its documents as ``read`` holds
+    them, read on the first call."""
+    if not read:
+        read.append(_DocumentsOf(task))
+    for doc_id, doc in iterate(read[0], **kwargs):
+        yield doc_id, dict(doc) if isinstance(doc, dict) else doc
 
 
 @dataclass

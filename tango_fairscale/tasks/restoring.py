@@ -5,8 +5,8 @@ build (the same ``Instance`` s over the same documents)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
-import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -15,6 +15,7 @@ from tango.common.exceptions import ConfigurationError
 from ..checks import one_line
 from .lm_eval import TaskDict, TaskSpec
 from .requests import REQUESTS_FORMAT, doc_hash, fewshot_hash, plain_value, spec_fields
+from .task_methods import replace_method
 
 logger = logging.getLogger(__name__)
 
@@ -58,34 +59,25 @@ def use_requests(
     fingerprint :func:`check_requests` has matched (:func:`spec_fields`), so they are not
     hashed again (10,000 HellaSwag documents: ~0.8 s)."""
     for name, task in loaded["tasks"].items():
-        task.build_all_requests = _taking(task, requests["tasks"][name], documents_keyed)
+        taking = functools.partial(_taking, requests["tasks"][name], documents_keyed)
+        replace_method(task, "build_all_requests", taking)
 
 
-def unbound(task: Any, name: str) -> Callable[..., Any]:
-    """``task``'s method ``name`` as it is now (its class's, or a function set on the task), as a
-    function that takes the task first: for a replacement set on the task that holds the task
-    only weakly — a task that held a function holding the task would be a reference cycle, and
-    live (with its documents and requests) until Python's next full collection."""
-    method = getattr(task, name)
-    if getattr(method, "__self__", None) is task:
-        return method.__func__  # type: ignore[no-any-return]
-    return lambda _task, *args, **kwargs: method(*args, **kwargs)
-
-
-def _taking(task: Any, stored: Mapping[str, Any], documents_keyed: bool) -> Any:
-    """``task``'s ``build_all_requests`` that takes ``stored`` where it applies."""
-    build = unbound(task, "build_all_requests")
-    of_task: Callable[[], Any] = weakref.ref(task)  # weakly: the task holds this function
-
-    def build_all_requests(*args: Any, **kwargs: Any) -> None:
-        task = of_task()
-        instances = _restored(task, stored, kwargs, documents_keyed) if not args else None
-        if instances is None:
-            build(task, *args, **kwargs)
-        else:
-            task._instances = instances
-
-    return build_all_requests
+def _taking(
+    stored: Mapping[str, Any],
+    documents_keyed: bool,
+    task: Any,
+    build: Callable[..., None],
+    *args: Any,
+    **kwargs: Any,
+) -> None:
+    """``task``'s ``build_all_requests`` (lm-eval's, ``build``), taking ``stored`` where it
+    applies."""
+    instances = _restored(task, stored, kwargs, documents_keyed) if not args else None
+    if instances is None:
+        build(task, *args, **kwargs)
+    else:
+        task._instances = instances
 
 
 def _restored(

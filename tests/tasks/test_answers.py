@@ -63,9 +63,9 @@ def test_the_choices_given_are_used_instead_of_the_tasks() -> None:
 @pytest.mark.parametrize("name", ["arc_easy", "openbookqa", "piqa"])
 def test_a_checked_task_is_freed_by_reference_counting(name: str) -> None:
     """Loading a task checks its gold answers, probing lm-eval's templates with values they fail
-    on: jinja's rewritten tracebacks are reference cycles, whose frames held the task (and its
-    documents) until Python's next full collection; and the task's own document reader held
-    the task. Now the task goes as soon as nothing else holds it."""
+    on (jinja's rewritten tracebacks are reference cycles, whose frames would hold the task and
+    its documents until Python's next full collection), and sets its document reader on it: the
+    task still goes as soon as nothing else holds it."""
     with reference_counting_only():
         loaded = load_tasks(TaskSpec(name=name, data_dir=str(FIXTURES / name)))
         tasks = [weakref.ref(task) for task in loaded["tasks"].values()]
