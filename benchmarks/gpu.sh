@@ -16,7 +16,7 @@
 # not figures), BENCH_TINY=1 (CPU smoke test: --tiny sizes, GPU counts not checked),
 # BENCH_SKIP_INSTALL=1, PYTHON, LM_EVAL_SUITES (the lm-eval suite's own suites, in this order:
 # piqa,synthetic measures the PIQA command first; default synthetic,piqa), LM_EVAL_TOOLS (its
-# tools: package,lm-eval by default; package alone has no peer in the call), MEMORY_PEAK_CONFIGS (the memory-peak suite's configurations, default ddp-fp32,fairscale-bf16-packed,fairscale-bf16-ckpt-packed), PRECISION_RUNS (the precision suite's runs, default 32-true,bf16-mixed,16-mixed; PRECISION+RECIPE adds float8), SYNTHETIC_CONFIGS (the train-synthetic suites' configurations, default $SYNTHETIC_DEFAULT below; ddp-bf16 is their base), SCORING_PROBE_SIZES
+# tools: package,lm-eval by default; package alone has no peer in the call), MEMORY_PEAK_CONFIGS (the memory-peak suite's configurations, default ddp-fp32,fairscale-bf16-packed,fairscale-bf16-ckpt-packed), PRECISION_RUNS (the precision suite's runs, default 32-true,bf16-mixed,16-mixed; PRECISION+RECIPE adds float8), PRECISION_ENGINE (its engine, default fairscale), SYNTHETIC_CONFIGS (the train-synthetic suites' configurations, default $SYNTHETIC_DEFAULT below; ddp-bf16 is their base), SCORING_PROBE_SIZES
 # (the scoring probe's batch sizes, QUERIESxTOKENS,...; default the step's and 256x16384).
 #
 # Suites (name | GPUs | nominal seconds | the figure it produces); `gpu.sh --list` and
@@ -224,7 +224,8 @@ suite_eval() {  # the predictions step at max_batch_tokens 16384, fp32 and bf16,
 
 suite_precision() {  # the training step, FairScale per block, 1 GPU, PIQA batch 16, 300 steps
   step "$BUDGET" "$PY" benchmarks/precision_run.py "${TINY[@]}" --piqa "$PIQA" --tokenizer "$TOK" \
-    --precisions "${PRECISION_RUNS:-32-true,bf16-mixed,16-mixed}" --steps 300 --batch-size 16 --world-size 1 \
+    --precisions "${PRECISION_RUNS:-32-true,bf16-mixed,16-mixed}" ${PRECISION_ENGINE:+--engine "$PRECISION_ENGINE"} \
+    --steps 300 --batch-size 16 --world-size 1 \
     --validate-every 100 --budget-s $(( BUDGET * 2 / 3 )) --work-dir /tmp \
     --out "$DIR/precision.json"
 }

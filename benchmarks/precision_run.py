@@ -41,7 +41,11 @@ _bench.setup_paths()
 #: Where the instrumented engines append one JSON line per optimizer step (rank 0).
 STEP_LOG_ENV = "PRECISION_RUN_STEP_LOG"
 #: ``--engine`` -> the registered engine that :func:`recording_engine` instruments.
-ENGINES = {"fairscale": "tango_fairscale::fairscale", "ddp": "tango_fairscale::ddp"}
+ENGINES = {
+    "fairscale": "tango_fairscale::fairscale",
+    "fsdp2": "tango_fairscale::fsdp2",
+    "ddp": "tango_fairscale::ddp",
+}
 
 
 class _StepRecorder:
@@ -111,7 +115,7 @@ def run_once(args: argparse.Namespace, precision: str, dataset_dict: Any) -> dic
         "max_grad_norm": args.max_grad_norm,
         "optimizer": {"type": "torch::AdamW", "lr": args.lr, "weight_decay": 0.0},
     }
-    if args.engine == "fairscale":
+    if args.engine in ("fairscale", "fsdp2"):
         engine_params["sharding"] = json.loads(args.sharding)
     step = TrainStep(
         model=model,
@@ -258,7 +262,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="comma list; PRECISION+RECIPE adds the engine's float8, e.g. bf16-mixed+tensorwise",
     )
     parser.add_argument("--engine", choices=sorted(ENGINES), default="fairscale")
-    parser.add_argument("--sharding", default="{}", help="FairScale ShardingConfig as JSON")
+    parser.add_argument("--sharding", default="{}", help="the sharded engines' sharding, JSON")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--batch-size", type=int, default=16, help="global, over all devices")
     parser.add_argument("--world-size", type=int, default=1)
