@@ -147,10 +147,12 @@ def known_queries(
     tokens: Mapping[str, Any], pairs: Sequence[tuple[str, str]], max_length: int
 ) -> dict[tuple[str, str], Query]:
     """The query of each of ``pairs`` (:func:`checked_pairs`) for a model of ``max_length``."""
-    ids = tuple(tokens["ids"].tolist())  # a tuple's slices are the queries' tuples, no copy more
+    ids = tokens["ids"].numpy()  # each query's ints made from its own slice: no list of them all
     offsets = tokens["offsets"].tolist()
     context_lengths = tokens["context_lengths"].tolist()
     return {
-        pair: query_of(ids[offsets[i] : offsets[i + 1]], context_lengths[i], max_length)
+        pair: query_of(
+            tuple(ids[offsets[i] : offsets[i + 1]].tolist()), context_lengths[i], max_length
+        )
         for i, pair in enumerate(pairs)
     }
